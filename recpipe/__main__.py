@@ -1,0 +1,3 @@
+from recpipe.cli import main_entry
+
+main_entry()

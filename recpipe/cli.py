@@ -1,0 +1,76 @@
+"""The ``recpipe`` command: parses flags and hands off to one module per subcommand.
+
+Each subcommand lives in ``recpipe/commands/<name>.py`` and exposes ``add_arguments(parser)`` and
+``run(args) -> int``. Command modules import their heavy dependencies (torch, faiss, grpc) inside
+``run``, so ``recpipe --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from recpipe import __version__
+from recpipe.errors import RecpipeError, UsageError
+
+#: subcommand -> module under recpipe.commands
+COMMANDS: dict[str, str] = {
+    "demo": "demo",
+    "synth-data": "synth_data",
+    "train": "train",
+    "serve": "serve",
+    "recommend": "recommend",
+    "querygen": "querygen",
+    "report": "report",
+    "bench": "bench",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of exiting, so ``main`` owns every exit code."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="recpipe", description="A recommender latency pipeline service.")
+    parser.add_argument("--version", action="version", version=f"recpipe {__version__}")
+    parser.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name, module_name in COMMANDS.items():
+        module = importlib.import_module(f"recpipe.commands.{module_name}")
+        doc = (module.__doc__ or "").strip()
+        p = sub.add_parser(name, help=doc.splitlines()[0] if doc else None, description=doc)
+        module.add_arguments(p)
+        p.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the process exit code (0 ok, 1 runtime failure, 2 bad usage/input)."""
+    try:
+        parser = build_parser()
+        args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+        if args.command is None:
+            parser.print_help()
+            return 2
+        logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        return int(args._module.run(args))
+    except UsageError as e:
+        print(f"recpipe: error: {e}", file=sys.stderr)
+        return 2
+    except RecpipeError as e:
+        print(f"recpipe: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("recpipe: interrupted", file=sys.stderr)
+        return 130
+
+
+def main_entry() -> None:
+    """Console-script entry point."""
+    sys.exit(main())

@@ -1,0 +1,29 @@
+from recpipe.v1 import tensor_pb2 as _tensor_pb2
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RankRequest(_message.Message):
+    __slots__ = ("user_dense", "user_sparse", "item_dense", "item_sparse")
+    USER_DENSE_FIELD_NUMBER: _ClassVar[int]
+    USER_SPARSE_FIELD_NUMBER: _ClassVar[int]
+    ITEM_DENSE_FIELD_NUMBER: _ClassVar[int]
+    ITEM_SPARSE_FIELD_NUMBER: _ClassVar[int]
+    user_dense: _tensor_pb2.Tensor
+    user_sparse: _tensor_pb2.Tensor
+    item_dense: _tensor_pb2.Tensor
+    item_sparse: _tensor_pb2.Tensor
+    def __init__(self, user_dense: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., user_sparse: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., item_dense: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., item_sparse: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ...) -> None: ...
+
+class RankResponse(_message.Message):
+    __slots__ = ("scores", "server_us", "model_version")
+    SCORES_FIELD_NUMBER: _ClassVar[int]
+    SERVER_US_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    scores: _tensor_pb2.Tensor
+    server_us: int
+    model_version: str
+    def __init__(self, scores: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., server_us: _Optional[int] = ..., model_version: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,35 @@
+from recpipe.v1 import tensor_pb2 as _tensor_pb2
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RetrieveRequest(_message.Message):
+    __slots__ = ("user_dense", "user_sparse", "recent_items", "k", "nprobe", "ef_search")
+    USER_DENSE_FIELD_NUMBER: _ClassVar[int]
+    USER_SPARSE_FIELD_NUMBER: _ClassVar[int]
+    RECENT_ITEMS_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    NPROBE_FIELD_NUMBER: _ClassVar[int]
+    EF_SEARCH_FIELD_NUMBER: _ClassVar[int]
+    user_dense: _tensor_pb2.Tensor
+    user_sparse: _tensor_pb2.Tensor
+    recent_items: _tensor_pb2.Tensor
+    k: int
+    nprobe: int
+    ef_search: int
+    def __init__(self, user_dense: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., user_sparse: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., recent_items: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., k: _Optional[int] = ..., nprobe: _Optional[int] = ..., ef_search: _Optional[int] = ...) -> None: ...
+
+class RetrieveResponse(_message.Message):
+    __slots__ = ("item_ids", "scores", "server_us", "model_version")
+    ITEM_IDS_FIELD_NUMBER: _ClassVar[int]
+    SCORES_FIELD_NUMBER: _ClassVar[int]
+    SERVER_US_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    item_ids: _tensor_pb2.Tensor
+    scores: _tensor_pb2.Tensor
+    server_us: int
+    model_version: str
+    def __init__(self, item_ids: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., scores: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., server_us: _Optional[int] = ..., model_version: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from recpipe import codec
+from recpipe.errors import BadRequest
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int64", "int32", "int8"])
+def test_round_trip(dtype: str) -> None:
+    a = (np.arange(24) - 5).astype(dtype).reshape(2, 3, 4)
+    t = codec.encode(a)
+    assert t.dtype == dtype and list(t.shape) == [2, 3, 4] and len(t.data) == a.nbytes
+    np.testing.assert_array_equal(codec.decode(t, "x", dtype, (2, None, 4)), a)
+
+
+def test_big_endian_input_is_sent_little_endian() -> None:
+    a = np.arange(3, dtype=">i8")
+    t = codec.encode(a)
+    assert t.data == np.arange(3, dtype="<i8").tobytes()
+
+
+def test_wrong_dtype_is_bad_request() -> None:
+    t = codec.encode(np.zeros(3, np.float32))
+    with pytest.raises(BadRequest, match="user_dense: expected dtype int64"):
+        codec.decode(t, "user_dense", "int64")
+
+
+def test_wrong_byte_length_is_bad_request() -> None:
+    t = codec.encode(np.zeros(3, np.float32))
+    t.data = t.data[:-1]
+    with pytest.raises(BadRequest, match="bytes do not match shape"):
+        codec.decode(t, "x", "float32")
+
+
+def test_wrong_shape_is_bad_request() -> None:
+    t = codec.encode(np.zeros((2, 3), np.float32))
+    with pytest.raises(BadRequest, match=r"expected shape \[\*, 4\]"):
+        codec.decode(t, "x", "float32", (None, 4))
+    t.shape[:] = [-1, -6]
+    with pytest.raises(BadRequest, match="negative dimension"):
+        codec.decode(t, "x", "float32")
