@@ -1,15 +1,151 @@
-"""Start the gRPC services (gateway, features, retrieval, ranking)."""
+"""Start the gRPC services (gateway, features, retrieval, ranking).
+
+With --stage all (the default) every stage runs as its own process under a supervisor that waits until
+all report SERVING, prints their addresses, restarts a stage that dies, and on SIGINT/SIGTERM drains
+and stops them all. Ports: gateway --port (default 50051), then features, retrieval, ranking on the
+next three (50052-50054); --port 0 picks free ports. Metrics: http://HOST:(gRPC port + 1000)/metrics
+unless --metrics-port says otherwise (-1 turns them off).
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
 
+from recpipe.config import DEFAULT_DATA_DIR, DEFAULT_HOST, DEFAULT_MODELS_DIR, DEFAULT_PORTS
 from recpipe.errors import UsageError
+
+if TYPE_CHECKING:
+    from recpipe.serving.config import StageConfig
+    from recpipe.serving.supervisor import StageProcess
+
+STAGES = ("all", "gateway", "features", "retrieval", "ranking")
+#: --stage all: the order stage ports follow the gateway's.
+PORT_ORDER = ("gateway", "features", "retrieval", "ranking")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    pass
+    parser.add_argument("--models", type=Path, default=Path(DEFAULT_MODELS_DIR), help="model repository")
+    parser.add_argument("--data", type=Path, default=Path(DEFAULT_DATA_DIR), help="dataset directory")
+    parser.add_argument("--stage", choices=STAGES, default="all")
+    parser.add_argument("--host", default=DEFAULT_HOST, help="address to bind (default %(default)s)")
+    parser.add_argument("--port", type=int, default=None,
+                        help="gRPC port (default: the stage's own, gateway 50051 ... ranking 50054; 0 = free)")
+    parser.add_argument("--metrics-port", type=int, default=None,
+                        help="Prometheus port (default: gRPC port + 1000; 0 = free; -1 = off)")
+    parser.add_argument("--device", default="auto", help="auto|cpu|cuda[:N] for retrieval and ranking")
+    parser.add_argument("--threads", type=int, default=0, help="compute threads per stage (0 = library default)")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="run cores on N threads per stage instead of the event loop (0 = inline)")
+    parser.add_argument("--grace", type=float, default=5.0, help="seconds to drain in-flight requests on stop")
+    parser.add_argument("--startup-timeout", type=float, default=600.0, help="--stage all: seconds to wait for SERVING")
+    for stage in ("features", "retrieval", "ranking"):
+        parser.add_argument(f"--{stage}", dest=f"target_{stage}", default=None, metavar="TARGET",
+                            help=f"--stage gateway: {stage} target, host:port or dns:///host:port")
+
+
+def _metrics_port(flag: int | None, grpc_port: int, offset: int) -> int | None:
+    from recpipe.serving.config import METRICS_PORT_OFFSET
+
+    if flag is None:
+        return grpc_port + METRICS_PORT_OFFSET if grpc_port else 0
+    if flag < 0:
+        return None
+    return flag + offset if flag else 0
+
+
+def stage_config(args: argparse.Namespace, stage: str, port: int, metrics_port: int | None,
+                 targets: dict[str, str] | None = None) -> StageConfig:
+    from recpipe.serving.config import StageConfig
+
+    return StageConfig(
+        stage=stage, models_dir=args.models, data_dir=args.data, host=args.host, port=port,
+        metrics_port=metrics_port, device=args.device, threads=args.threads, workers=args.workers,
+        grace_s=args.grace, targets=targets or {},
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    raise UsageError("not implemented yet")
+    if args.port is not None and not 0 <= args.port <= 65535 - 3:
+        raise UsageError(f"--port must be in 0..65532, got {args.port}")
+    if args.stage != "all":
+        return _run_one(args)
+    return _run_all(args)
+
+
+def _run_one(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from recpipe.serving import runner
+    from recpipe.serving.config import default_targets
+
+    port = DEFAULT_PORTS[args.stage] if args.port is None else args.port
+    targets = {}
+    if args.stage == "gateway":
+        targets = default_targets(args.host)
+        for s in targets:
+            targets[s] = getattr(args, f"target_{s}") or targets[s]
+    cfg = stage_config(args, args.stage, port, _metrics_port(args.metrics_port, port, 0), targets)
+    asyncio.run(runner.serve(cfg))
+    return 0
+
+
+def _run_all(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from recpipe.serving.supervisor import Supervisor, free_port
+
+    for s in ("features", "retrieval", "ranking"):
+        if getattr(args, f"target_{s}"):
+            raise UsageError(f"--{s} only applies to --stage gateway")
+    for path, what in ((args.models, "--models"), (args.data, "--data")):
+        if not Path(path).is_dir():
+            raise UsageError(f"{what} {path}: no such directory")
+    base = DEFAULT_PORTS["gateway"] if args.port is None else args.port
+    ports = {s: (base + i if base else free_port(args.host)) for i, s in enumerate(PORT_ORDER)}
+    metrics = {s: _metrics_port(args.metrics_port, ports[s], i) for i, s in enumerate(PORT_ORDER)}
+    if args.metrics_port == 0 or (args.metrics_port is None and not base):
+        metrics = {s: free_port(args.host) for s in PORT_ORDER}
+    stages = supervised_stages(args, ports, metrics)
+    supervisor = Supervisor(stages, startup_timeout_s=args.startup_timeout, grace_s=args.grace)
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    supervisor.start()
+    print(f"recpipe serving ({len(stages)} stages; Ctrl-C stops):")
+    for spec in stages:
+        m = f"  metrics http://{args.host}:{spec.metrics_port}/metrics" if spec.metrics_port is not None else ""
+        print(f"  {spec.name:<10} {spec.address}  pid {supervisor.pid(spec.name)}{m}")
+    sys.stdout.flush()
+    supervisor.run(stop)
+    print("recpipe: all stages stopped")
+    return 0
+
+
+def supervised_stages(
+    args: argparse.Namespace, ports: dict[str, int], metrics: dict[str, int | None]
+) -> list[StageProcess]:
+    """One ``StageProcess`` per stage: ``python -m recpipe serve --stage NAME`` with explicit ports, so
+    a restarted stage comes back where the gateway expects it."""
+    from recpipe.serving.supervisor import StageProcess
+
+    host = args.host
+    connect = "127.0.0.1" if host in ("0.0.0.0", "") else ("[::1]" if host == "::" else host)
+    specs = []
+    for name in ("features", "retrieval", "ranking", "gateway"):
+        argv = [
+            sys.executable, "-m", "recpipe", "--log-level", args.log_level, "serve", "--stage", name,
+            "--models", str(args.models), "--data", str(args.data), "--host", host, "--port", str(ports[name]),
+            "--metrics-port", str(-1 if metrics[name] is None else metrics[name]),
+            "--device", args.device, "--threads", str(args.threads), "--workers", str(args.workers),
+            "--grace", str(args.grace),
+        ]
+        if name == "gateway":
+            for s in ("features", "retrieval", "ranking"):
+                argv += [f"--{s}", f"{connect}:{ports[s]}"]
+        specs.append(StageProcess(name, f"{connect}:{ports[name]}", tuple(argv), metrics[name]))
+    return specs

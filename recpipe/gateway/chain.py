@@ -1,0 +1,174 @@
+"""The Recommend chain: AugmentUser -> Retrieve -> AugmentItems -> Rank -> top ``num_results``.
+
+The chain knows only its three stage clients (passed in, Ray Serve style) and arrays from
+``recpipe.types``; whether a client crosses gRPC (``recpipe.gateway.clients``) or calls a core in
+process (``recpipe.gateway.local``) is invisible here, which is what lets ``recpipe bench chain`` put
+the two side by side. Every hop gets the time left until the caller's deadline; every hop is timed
+(``observed_us``, perf_counter_ns around the call) next to the time the stage reports for itself
+(``server_us``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+import numpy as np
+
+from recpipe.config import (
+    DEFAULT_NUM_CANDIDATES,
+    DEFAULT_NUM_RESULTS,
+    MAX_NUM_CANDIDATES,
+    STAGES,
+    TOTAL_STAGE,
+)
+from recpipe.errors import BadRequest, DeadlineExceeded
+from recpipe.types import Candidates, ItemFeatures, UserFeatures
+
+T = TypeVar("T", covariant=True)
+
+
+@dataclass(frozen=True)
+class StageResult(Generic[T]):
+    """A stage's answer with the time the stage spent on it and the model version it used."""
+
+    value: T
+    server_us: int
+    model_version: str = ""
+
+
+class FeatureClient(Protocol):
+    async def augment_user(self, user_id: int, timeout: float | None) -> StageResult[UserFeatures]: ...
+
+    async def augment_items(
+        self, user_id: int, item_ids: np.ndarray, timeout: float | None
+    ) -> StageResult[ItemFeatures]: ...
+
+
+class RetrievalClient(Protocol):
+    async def num_items(self, timeout: float | None) -> int: ...
+
+    async def retrieve(self, user: UserFeatures, k: int, timeout: float | None) -> StageResult[Candidates]: ...
+
+
+class RankingClient(Protocol):
+    async def rank(self, user: UserFeatures, items: ItemFeatures, timeout: float | None) -> StageResult[np.ndarray]: ...
+
+
+@dataclass(frozen=True)
+class StageTiming:
+    stage: str
+    server_us: int
+    observed_us: int
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """item_ids (n,) int64 distinct, scores (n,) float32 descending, one timing per stage + total."""
+
+    item_ids: np.ndarray
+    scores: np.ndarray
+    timings: tuple[StageTiming, ...]
+    model_version: str
+
+    def timing(self, stage: str) -> StageTiming:
+        for t in self.timings:
+            if t.stage == stage:
+                return t
+        raise KeyError(stage)
+
+
+class Chain:
+    """The gateway's logic over three stage clients."""
+
+    def __init__(self, features: FeatureClient, retrieval: RetrievalClient, ranking: RankingClient) -> None:
+        self.features = features
+        self.retrieval = retrieval
+        self.ranking = ranking
+        self._num_items: int | None = None
+        self.model_version = ""
+
+    async def _item_count(self, deadline: float | None) -> int:
+        if self._num_items is None:
+            self._num_items = await self.retrieval.num_items(_remaining(deadline, "retrieve"))
+        return self._num_items
+
+    async def resolve_sizes(self, num_candidates: int, num_results: int, deadline: float | None) -> tuple[int, int]:
+        """Apply the defaults (0 -> 500 candidates, 10 results) and the contract's bounds."""
+        if num_candidates < 0:
+            raise BadRequest(f"num_candidates must be >= 0, got {num_candidates}")
+        if num_results < 0:
+            raise BadRequest(f"num_results must be >= 0, got {num_results}")
+        if num_candidates > MAX_NUM_CANDIDATES:
+            raise BadRequest(f"num_candidates must be <= {MAX_NUM_CANDIDATES}, got {num_candidates}")
+        items = await self._item_count(deadline)
+        if num_candidates > items:
+            raise BadRequest(f"num_candidates must be <= the item count {items}, got {num_candidates}")
+        # A catalogue smaller than the default (tiny test scales) gets all of it rather than an error.
+        k = num_candidates or min(DEFAULT_NUM_CANDIDATES, items)
+        n = num_results or min(DEFAULT_NUM_RESULTS, k)
+        if n > k:
+            raise BadRequest(f"num_results ({n}) must be <= num_candidates ({k})")
+        return k, n
+
+    async def recommend(
+        self, user_id: int, num_candidates: int = 0, num_results: int = 0, deadline: float | None = None
+    ) -> Recommendation:
+        """One Recommend call. ``deadline`` is a ``time.monotonic()`` instant (None = no deadline)."""
+        start = time.perf_counter_ns()
+        k, n = await self.resolve_sizes(num_candidates, num_results, deadline)
+        timings: list[StageTiming] = []
+
+        t0 = time.perf_counter_ns()
+        user = await self.features.augment_user(user_id, _remaining(deadline, STAGES[0]))
+        t1 = time.perf_counter_ns()
+        timings.append(StageTiming(STAGES[0], user.server_us, (t1 - t0) // 1000))
+
+        found = await self.retrieval.retrieve(user.value, k, _remaining(deadline, STAGES[1]))
+        t2 = time.perf_counter_ns()
+        timings.append(StageTiming(STAGES[1], found.server_us, (t2 - t1) // 1000))
+        # FAISS pads with -1 when an approximate search finds fewer than k neighbours.
+        ids = found.value.item_ids
+        if ids.size and ids.min() < 0:
+            ids = ids[ids >= 0]
+        if ids.size == 0:
+            raise RuntimeError(f"retrieval returned no valid candidates for user {user_id}")
+
+        t2 = time.perf_counter_ns()
+        items = await self.features.augment_items(user_id, ids, _remaining(deadline, STAGES[2]))
+        t3 = time.perf_counter_ns()
+        timings.append(StageTiming(STAGES[2], items.server_us, (t3 - t2) // 1000))
+
+        ranked = await self.ranking.rank(user.value, items.value, _remaining(deadline, STAGES[3]))
+        t4 = time.perf_counter_ns()
+        timings.append(StageTiming(STAGES[3], ranked.server_us, (t4 - t3) // 1000))
+
+        top_ids, top_scores = top_n(ids, ranked.value, n)
+        if ranked.model_version:
+            self.model_version = ranked.model_version
+        total = (time.perf_counter_ns() - start) // 1000
+        timings.append(StageTiming(TOTAL_STAGE, total, total))
+        return Recommendation(top_ids, top_scores, tuple(timings), self.model_version)
+
+
+def top_n(item_ids: np.ndarray, scores: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``n`` highest-scoring items, scores descending."""
+    if scores.shape != item_ids.shape:
+        raise RuntimeError(f"rank returned {scores.shape[0]} scores for {item_ids.shape[0]} candidates")
+    n = min(n, item_ids.shape[0])
+    if n < item_ids.shape[0]:
+        part = np.argpartition(-scores, n - 1)[:n]
+        order = part[np.argsort(-scores[part], kind="stable")]
+    else:
+        order = np.argsort(-scores, kind="stable")
+    return item_ids[order].astype(np.int64, copy=False), scores[order].astype(np.float32, copy=False)
+
+
+def _remaining(deadline: float | None, stage: str) -> float | None:
+    if deadline is None:
+        return None
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise DeadlineExceeded(f"deadline passed before {stage}")
+    return left

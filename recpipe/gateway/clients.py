@@ -1,0 +1,148 @@
+"""Stage clients over gRPC for the chain: encode, call with the time left, decode, translate errors.
+
+A failed call comes back as the domain error its status code stands for (``recpipe.serving.status``),
+with the stage named in the message, so the gateway's interceptor answers the client with the same
+code: a stage that is down becomes UNAVAILABLE "retrieval unavailable at 127.0.0.1:50053: ...".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import grpc
+import numpy as np
+from grpc import aio
+
+from recpipe import codec
+from recpipe.errors import ArtifactMismatch, RecpipeError, StageUnavailable
+from recpipe.gateway.chain import StageResult
+from recpipe.serving.channels import make_channel
+from recpipe.serving.status import error_for
+from recpipe.types import Candidates, ItemFeatures, UserFeatures
+from recpipe.v1 import (
+    features_pb2,
+    features_pb2_grpc,
+    info_pb2,
+    info_pb2_grpc,
+    ranking_pb2,
+    ranking_pb2_grpc,
+    retrieval_pb2,
+    retrieval_pb2_grpc,
+)
+
+R = TypeVar("R")
+
+
+class _StageChannel:
+    def __init__(self, stage: str, target: str) -> None:
+        self.stage = stage
+        self.target = target
+        self.channel = make_channel(target)
+
+    async def call(self, rpc: Callable[..., Awaitable[R]], request: object, timeout: float | None) -> R:
+        try:
+            return await rpc(request, timeout=timeout)
+        except aio.AioRpcError as e:
+            raise self._error(e) from None
+
+    def _error(self, e: aio.AioRpcError) -> RecpipeError:
+        code = e.code()
+        if code == grpc.StatusCode.UNAVAILABLE:
+            return error_for(code, f"{self.stage} unavailable at {self.target}: {e.details()}")
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return error_for(code, f"deadline exceeded in {self.stage} ({self.target})")
+        # INVALID_ARGUMENT / NOT_FOUND carry the stage's own message, which names the field or user.
+        return error_for(code, f"{self.stage}: {e.details()}")
+
+    async def close(self) -> None:
+        await self.channel.close(None)
+
+
+class GrpcFeatureClient:
+    def __init__(self, target: str) -> None:
+        self._ch = _StageChannel("features", target)
+        self._stub = features_pb2_grpc.FeatureServiceStub(self._ch.channel)
+
+    async def augment_user(self, user_id: int, timeout: float | None) -> StageResult[UserFeatures]:
+        r = await self._ch.call(self._stub.AugmentUser, features_pb2.AugmentUserRequest(user_id=user_id), timeout)
+        user = UserFeatures(
+            user_id=r.user_id,
+            dense=_decode(r.dense, "features", "dense", "float32", (None,)),
+            sparse=_decode(r.sparse, "features", "sparse", "int64", (None,)),
+            recent_items=_decode(r.recent_items, "features", "recent_items", "int64", (None,)),
+        )
+        return StageResult(user, r.server_us)
+
+    async def augment_items(
+        self, user_id: int, item_ids: np.ndarray, timeout: float | None
+    ) -> StageResult[ItemFeatures]:
+        request = features_pb2.AugmentItemsRequest(user_id=user_id, item_ids=codec.encode(item_ids))
+        r = await self._ch.call(self._stub.AugmentItems, request, timeout)
+        k = item_ids.shape[0]
+        items = ItemFeatures(
+            item_ids=item_ids,
+            dense=_decode(r.dense, "features", "dense", "float32", (k, None)),
+            sparse=_decode(r.sparse, "features", "sparse", "int64", (k, None)),
+        )
+        return StageResult(items, r.server_us)
+
+    async def close(self) -> None:
+        await self._ch.close()
+
+
+class GrpcRetrievalClient:
+    def __init__(self, target: str) -> None:
+        self._ch = _StageChannel("retrieval", target)
+        self._stub = retrieval_pb2_grpc.RetrievalServiceStub(self._ch.channel)
+        self._info = info_pb2_grpc.InfoServiceStub(self._ch.channel)
+
+    async def num_items(self, timeout: float | None) -> int:
+        info = await self._ch.call(self._info.GetInfo, info_pb2.GetInfoRequest(), timeout)
+        try:
+            return int(info.details["num_items"])
+        except (KeyError, ValueError):
+            raise StageUnavailable(f"retrieval at {self._ch.target} is still loading") from None
+
+    async def retrieve(self, user: UserFeatures, k: int, timeout: float | None) -> StageResult[Candidates]:
+        request = retrieval_pb2.RetrieveRequest(
+            user_dense=codec.encode(user.dense),
+            user_sparse=codec.encode(user.sparse),
+            recent_items=codec.encode(user.recent_items),
+            k=k,
+        )
+        r = await self._ch.call(self._stub.Retrieve, request, timeout)
+        ids = _decode(r.item_ids, "retrieval", "item_ids", "int64", (None,))
+        scores = _decode(r.scores, "retrieval", "scores", "float32", ids.shape)
+        return StageResult(Candidates(ids, scores), r.server_us, r.model_version)
+
+    async def close(self) -> None:
+        await self._ch.close()
+
+
+class GrpcRankingClient:
+    def __init__(self, target: str) -> None:
+        self._ch = _StageChannel("ranking", target)
+        self._stub = ranking_pb2_grpc.RankingServiceStub(self._ch.channel)
+
+    async def rank(self, user: UserFeatures, items: ItemFeatures, timeout: float | None) -> StageResult[np.ndarray]:
+        request = ranking_pb2.RankRequest(
+            user_dense=codec.encode(user.dense),
+            user_sparse=codec.encode(user.sparse),
+            item_dense=codec.encode(items.dense),
+            item_sparse=codec.encode(items.sparse),
+        )
+        r = await self._ch.call(self._stub.Rank, request, timeout)
+        scores = _decode(r.scores, "ranking", "scores", "float32", (items.dense.shape[0],))
+        return StageResult(scores, r.server_us, r.model_version)
+
+    async def close(self) -> None:
+        await self._ch.close()
+
+
+def _decode(tensor: object, stage: str, field: str, dtype: str, shape: tuple[int | None, ...]) -> np.ndarray:
+    """Decode a stage's answer; a malformed one is the stage's fault, not the caller's."""
+    try:
+        return codec.decode(tensor, field, dtype, shape)  # type: ignore[arg-type]
+    except RecpipeError as e:
+        raise ArtifactMismatch(f"{stage} answered a malformed tensor: {e}") from None

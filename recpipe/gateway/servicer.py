@@ -1,0 +1,68 @@
+"""RecommendService over gRPC: the gateway stage. Converts the request's deadline and the chain's
+``Recommendation`` to and from protobuf; the chain itself is ``recpipe.gateway.chain``."""
+
+from __future__ import annotations
+
+import time
+
+from grpc import aio
+
+from recpipe.errors import StageUnavailable
+from recpipe.gateway.chain import Chain
+from recpipe.gateway.clients import GrpcFeatureClient, GrpcRankingClient, GrpcRetrievalClient
+from recpipe.serving.stage import Stage, StageInfo, check_deadline
+from recpipe.v1 import recommend_pb2, recommend_pb2_grpc
+
+SERVICE_NAME = recommend_pb2.DESCRIPTOR.services_by_name["RecommendService"].full_name
+
+
+class GatewayStage(Stage):
+    name = "gateway"
+    service_names = (SERVICE_NAME,)
+
+    def __init__(self, features: str, retrieval: str, ranking: str) -> None:
+        self.targets = {"features": features, "retrieval": retrieval, "ranking": ranking}
+        self.chain: Chain | None = None
+        self._clients: tuple[GrpcFeatureClient, GrpcRetrievalClient, GrpcRankingClient] | None = None
+
+    def add_to_server(self, server: aio.Server) -> None:
+        recommend_pb2_grpc.add_RecommendServiceServicer_to_server(self, server)  # type: ignore[arg-type]
+
+    async def load(self) -> None:
+        """Open the stage channels (inside the server's event loop; they connect lazily and reconnect
+        by themselves when a stage restarts)."""
+        clients = (
+            GrpcFeatureClient(self.targets["features"]),
+            GrpcRetrievalClient(self.targets["retrieval"]),
+            GrpcRankingClient(self.targets["ranking"]),
+        )
+        self._clients = clients
+        self.chain = Chain(*clients)
+
+    def info(self) -> StageInfo:
+        version = self.chain.model_version if self.chain is not None else ""
+        return StageInfo(self.name, "cpu", version, 1, dict(self.targets))
+
+    async def close(self) -> None:
+        if self._clients is not None:
+            for client in self._clients:
+                await client.close()
+
+    async def Recommend(
+        self, request: recommend_pb2.RecommendRequest, context: aio.ServicerContext
+    ) -> recommend_pb2.RecommendResponse:
+        check_deadline(context, self.name)
+        if self.chain is None:
+            raise StageUnavailable("gateway: still starting")
+        remaining = context.time_remaining()
+        deadline = None if remaining is None else time.monotonic() + remaining
+        rec = await self.chain.recommend(
+            int(request.user_id), int(request.num_candidates), int(request.num_results), deadline
+        )
+        return recommend_pb2.RecommendResponse(
+            item_ids=rec.item_ids.tolist(),
+            scores=rec.scores.tolist(),
+            timings=[recommend_pb2.StageTiming(stage=t.stage, server_us=t.server_us, observed_us=t.observed_us)
+                     for t in rec.timings],
+            model_version=rec.model_version,
+        )

@@ -1,0 +1,38 @@
+"""Client channels to recpipe stages.
+
+``round_robin`` makes a channel to a ``dns:///host:port`` name that resolves to several addresses (a
+scaled-out stage behind one DNS name) spread calls over all of them instead of pinning the first one
+(the default ``pick_first``). Message limits are raised because 10,000 candidates' item features exceed
+gRPC's 4 MiB default.
+"""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+from grpc import aio
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+_SERVICE_CONFIG = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
+
+CHANNEL_OPTIONS: tuple[tuple[str, object], ...] = (
+    ("grpc.service_config", _SERVICE_CONFIG),
+    ("grpc.lb_policy_name", "round_robin"),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    # Reconnect quickly after a stage restarts instead of backing off for up to two minutes.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
+
+
+def make_channel(target: str) -> aio.Channel:
+    """An asyncio channel to ``target`` (``host:port`` or ``dns:///host:port``), round-robin balanced."""
+    return aio.insecure_channel(target, options=list(CHANNEL_OPTIONS))
+
+
+def make_blocking_channel(target: str) -> grpc.Channel:
+    """The same as ``make_channel`` for synchronous callers (the CLI client, benchmarks)."""
+    return grpc.insecure_channel(target, options=list(CHANNEL_OPTIONS))

@@ -1,0 +1,86 @@
+"""What a stage hands the server: its servicers, its service names, an explicit load step and its info.
+
+A stage's heavy state (tables, index, weights) is loaded in ``load()``, after the server is already
+answering health checks with NOT_SERVING; the server reports SERVING only once ``load()`` returns.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from grpc import aio
+
+from recpipe.errors import DeadlineExceeded
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class StageInfo:
+    """What InfoService reports about a stage (see ``recpipe.v1.ServiceInfo``)."""
+
+    stage: str
+    device: str = "cpu"
+    model_version: str = ""
+    threads: int = 0
+    details: dict[str, str] = field(default_factory=dict)
+
+
+class Stage(abc.ABC):
+    """One gRPC stage: ``add_to_server`` registers its servicers, ``load`` builds its state."""
+
+    #: "gateway", "features", "retrieval" or "ranking".
+    name: str
+    #: Fully qualified names of the services it adds (health and reflection list them).
+    service_names: tuple[str, ...]
+
+    @abc.abstractmethod
+    def add_to_server(self, server: aio.Server) -> None: ...
+
+    @abc.abstractmethod
+    async def load(self) -> None: ...
+
+    @abc.abstractmethod
+    def info(self) -> StageInfo: ...
+
+    async def close(self) -> None:
+        """Release what ``load`` acquired (channels, executors) after the server stopped."""
+        return None
+
+
+class CoreRunner:
+    """Runs a core call either inline on the event loop or on a dedicated thread pool.
+
+    Inline costs nothing extra but blocks the loop for the call; a thread hop costs tens of
+    microseconds but lets the loop accept other requests while torch/FAISS/numpy (which release the
+    GIL) compute. ``recpipe bench chain --executor`` measures both.
+    """
+
+    def __init__(self, workers: int) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="core") if workers > 0 else None
+
+    async def __call__(self, fn: Callable[..., T], *args: object) -> T:
+        if self._executor is None:
+            return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def check_deadline(context: aio.ServicerContext, stage: str) -> None:
+    """Refuse work whose caller's deadline has already passed."""
+    remaining = context.time_remaining()
+    if remaining is not None and remaining <= 0:
+        raise DeadlineExceeded(f"{stage}: deadline passed before the stage started")
+
+
+def elapsed_us(start_ns: int) -> int:
+    return (time.perf_counter_ns() - start_ns) // 1000

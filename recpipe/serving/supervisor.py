@@ -1,0 +1,208 @@
+"""``recpipe serve --stage all``: one OS process per stage, started, watched and stopped together.
+
+``start()`` launches every stage process at once (the gateway's channels connect lazily, so it need not
+wait for the others) and returns when all of them report SERVING on the gRPC health service. ``run()``
+then polls: a stage process that exits is logged and started again on the same port (with a backoff
+when it keeps dying right after start), and is reported again once it is SERVING. ``stop()`` sends
+SIGTERM to every stage, which drains in-flight requests, and SIGKILLs what is still there after the
+grace period.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from recpipe.errors import RecpipeError
+from recpipe.serving.channels import make_blocking_channel
+from recpipe.serving.runner import SUPERVISOR_ENV
+
+log = logging.getLogger(__name__)
+
+#: A stage that dies sooner than this after starting counts as a failed start (backoff grows).
+STABLE_AFTER_S = 10.0
+MAX_BACKOFF_S = 30.0
+
+
+@dataclass(frozen=True)
+class StageProcess:
+    """How to run one stage: its name, its gRPC address, its metrics port and the command line."""
+
+    name: str
+    address: str
+    argv: tuple[str, ...]
+    metrics_port: int | None = None
+
+
+@dataclass
+class _Child:
+    spec: StageProcess
+    proc: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    serving: bool = False
+    restarts: int = 0
+    quick_failures: int = 0
+    restart_at: float | None = None
+    channel: grpc.Channel | None = field(default=None, repr=False)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago (the stage binds it; a collision fails loudly, never shares)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def health_status(channel: grpc.Channel, timeout: float = 1.0) -> str:
+    """The overall health status name of the server behind ``channel`` ("UNREACHABLE" on failure)."""
+    stub = health_pb2_grpc.HealthStub(channel)
+    try:
+        reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)
+    except grpc.RpcError:
+        return "UNREACHABLE"
+    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+
+
+class Supervisor:
+    def __init__(self, stages: Sequence[StageProcess], *, startup_timeout_s: float = 600.0, grace_s: float = 5.0):
+        self.children = {s.name: _Child(s) for s in stages}
+        self.startup_timeout_s = startup_timeout_s
+        self.grace_s = grace_s
+        self._stopping = False
+        self._lock = threading.Lock()
+
+    # --- life cycle --------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start every stage and wait until all are SERVING; on failure stop them all and raise."""
+        for child in self.children.values():
+            self._spawn(child)
+        try:
+            self.wait_serving(timeout_s=self.startup_timeout_s, during_startup=True)
+        except BaseException:
+            self.stop()
+            raise
+
+    def wait_serving(self, names: Sequence[str] | None = None, *, timeout_s: float = 60.0,
+                     during_startup: bool = False) -> None:
+        """Block until the named stages (default all) report SERVING. During start-up a stage that
+        exits is an error; afterwards it is restarted by ``check``, which this keeps calling."""
+        wanted = list(names or self.children)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if during_startup:
+                for name in wanted:
+                    proc = self.children[name].proc
+                    if proc is not None and proc.poll() is not None:
+                        raise RecpipeError(
+                            f"stage {name} exited with code {proc.returncode} during start-up (see its log above)"
+                        )
+            else:
+                self.check()
+            self._probe()
+            if all(self.children[n].serving for n in wanted):
+                return
+            if time.monotonic() > deadline:
+                late = [n for n in wanted if not self.children[n].serving]
+                raise RecpipeError(f"stages not SERVING after {timeout_s:.0f}s: {', '.join(late)}")
+            time.sleep(0.1)
+
+    def run(self, stop: threading.Event, poll_s: float = 0.5) -> None:
+        """Watch the stages until ``stop`` is set (a signal handler sets it), then stop them all."""
+        try:
+            while not stop.wait(poll_s):
+                self.check()
+                self._probe()
+        finally:
+            self.stop()
+
+    def check(self) -> list[str]:
+        """Restart stage processes that exited; returns the names (re)spawned by this call."""
+        spawned = []
+        now = time.monotonic()
+        with self._lock:
+            if self._stopping:
+                return []
+            for child in self.children.values():
+                proc = child.proc
+                if proc is not None and proc.poll() is None:
+                    continue
+                if child.restart_at is None:
+                    code = proc.returncode if proc is not None else None
+                    lived = now - child.started_at
+                    child.quick_failures = child.quick_failures + 1 if lived < STABLE_AFTER_S else 0
+                    delay = 0.0 if child.quick_failures == 0 else min(MAX_BACKOFF_S, 0.5 * 2 ** child.quick_failures)
+                    child.restart_at = now + delay
+                    child.serving = False
+                    log.warning(
+                        "stage %s (pid %s) exited with code %s after %.1fs; restarting in %.1fs",
+                        child.spec.name, proc.pid if proc else "-", code, lived, delay,
+                    )
+                if now >= child.restart_at:
+                    child.restart_at = None
+                    child.restarts += 1
+                    self._spawn(child)
+                    log.warning("stage %s restarted (pid %s, restart #%d)",
+                                child.spec.name, child.proc.pid if child.proc else "-", child.restarts)
+                    spawned.append(child.spec.name)
+        return spawned
+
+    def stop(self) -> None:
+        """SIGTERM every stage (they drain in-flight requests), SIGKILL stragglers after the grace."""
+        with self._lock:
+            self._stopping = True
+        procs = [c.proc for c in self.children.values() if c.proc is not None and c.proc.poll() is None]
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.grace_s + 5.0
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("stage pid %s did not stop in time; killing it", proc.pid)
+                proc.kill()
+                proc.wait()
+        for child in self.children.values():
+            if child.channel is not None:
+                child.channel.close()
+                child.channel = None
+
+    # --- helpers -----------------------------------------------------------------------------------
+
+    def pid(self, name: str) -> int | None:
+        proc = self.children[name].proc
+        return proc.pid if proc is not None else None
+
+    def addresses(self) -> dict[str, str]:
+        return {name: c.spec.address for name, c in self.children.items()}
+
+    def _spawn(self, child: _Child) -> None:
+        env = {**os.environ, SUPERVISOR_ENV: str(os.getpid())}
+        # Its own session: a terminal's Ctrl-C reaches only the supervisor, which stops the stages in
+        # order instead of racing them to their own shutdown.
+        child.proc = subprocess.Popen(list(child.spec.argv), env=env, start_new_session=True)
+        child.started_at = time.monotonic()
+        child.serving = False
+
+    def _probe(self) -> None:
+        for child in self.children.values():
+            if child.serving or child.proc is None or child.proc.poll() is not None:
+                continue
+            if child.channel is None:
+                child.channel = make_blocking_channel(child.spec.address)
+            if health_status(child.channel, timeout=0.5) == "SERVING":
+                child.serving = True
+                if child.restarts:
+                    log.warning("stage %s is SERVING again on %s", child.spec.name, child.spec.address)

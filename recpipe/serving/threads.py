@@ -1,0 +1,32 @@
+"""Compute-thread settings for torch, FAISS (OpenMP) and Polars, from ``--threads``.
+
+Polars sizes its pool once, when it is first imported, from ``POLARS_MAX_THREADS``; OpenMP reads
+``OMP_NUM_THREADS`` at start-up. So ``configure`` must run before a stage imports its core.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def configure(threads: int, *, torch: bool = False, faiss: bool = False) -> None:
+    """Use ``threads`` compute threads (0 = leave the libraries' defaults)."""
+    if threads <= 0:
+        return
+    for var in ("POLARS_MAX_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = str(threads)
+    if torch:
+        import torch as _torch
+
+        _torch.set_num_threads(threads)
+    if faiss:
+        import faiss as _faiss
+
+        _faiss.omp_set_num_threads(threads)
+
+
+def polars_threads() -> int:
+    """The size of Polars' pool, if Polars is loaded (0 otherwise)."""
+    pl = sys.modules.get("polars")
+    return int(pl.thread_pool_size()) if pl is not None else 0

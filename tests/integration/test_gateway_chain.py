@@ -1,0 +1,161 @@
+"""The Recommend gateway on real in-process gRPC stage servers over toy numpy cores: ordering,
+timings, the contract's argument checks, deadlines propagated to every hop, a stage that is down."""
+
+from __future__ import annotations
+
+import grpc
+import numpy as np
+import pytest
+from toy_stages import ToyFeatureCore, ToyRankingCore, ToyRetrievalCore, ToyWorld
+
+from recpipe.config import STAGES, TOTAL_STAGE
+from recpipe.features.servicer import FeatureStage
+from recpipe.gateway.chain import top_n
+from recpipe.gateway.servicer import GatewayStage
+from recpipe.ranking.servicer import RankingStage
+from recpipe.retrieval.servicer import RetrievalStage
+from recpipe.serving.inprocess import ServerThread
+from recpipe.serving.supervisor import free_port
+from recpipe.v1 import recommend_pb2, recommend_pb2_grpc
+
+
+class RecordingFeatureStage(FeatureStage):
+    """The real feature servicer, recording the deadline each AugmentUser call arrived with."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.remaining: list[float | None] = []
+
+    async def AugmentUser(self, request, context):
+        self.remaining.append(context.time_remaining())
+        return await super().AugmentUser(request, context)
+
+
+@pytest.fixture(scope="module")
+def toy_chain():
+    world = ToyWorld()
+    cores = {"features": ToyFeatureCore(world), "retrieval": ToyRetrievalCore(world), "ranking": ToyRankingCore(world)}
+    with ServerThread() as st:
+        features = RecordingFeatureStage(lambda: cores["features"])
+        f = st.start(features)
+        r = st.start(RetrievalStage(lambda: cores["retrieval"]))
+        k = st.start(RankingStage(lambda: cores["ranking"], workers=1))
+        g = st.start(GatewayStage(f.address, r.address, k.address))
+        channel = grpc.insecure_channel(g.address)
+        yield {
+            "stub": recommend_pb2_grpc.RecommendServiceStub(channel),
+            "cores": cores,
+            "world": world,
+            "servers": st,
+            "features": features,
+            "addresses": {"features": f.address, "retrieval": r.address, "ranking": k.address},
+        }
+        channel.close()
+
+
+def recommend(stub, user_id=3, k=0, n=0, timeout=10.0):
+    return stub.Recommend(
+        recommend_pb2.RecommendRequest(user_id=user_id, num_candidates=k, num_results=n), timeout=timeout
+    )
+
+
+def test_recommend_ranks_the_retrieved_candidates(toy_chain):
+    world = toy_chain["world"]
+    reply = recommend(toy_chain["stub"], user_id=7, k=50, n=8)
+    ids = np.array(reply.item_ids)
+    scores = np.array(reply.scores, dtype=np.float32)
+    assert len(ids) == 8 and len(set(ids.tolist())) == 8
+    assert np.all(np.diff(scores) <= 0)
+    # The same computation done by hand: exact top-50 by inner product, then the toy ranker's score.
+    sims = world.item_emb @ world.user_dense[7]
+    cand = np.argsort(-sims)[:50]
+    logits = world.item_dense[cand].sum(1) + world.item_emb[cand] @ world.user_dense[7] + 0.01 * world.user_dense[7].sum()
+    expected = cand[np.argsort(-logits)[:8]]
+    assert set(ids.tolist()) == set(expected.tolist())
+    assert reply.model_version == "toy-1"
+
+
+def test_timings_cover_every_stage_and_total(toy_chain):
+    reply = recommend(toy_chain["stub"], k=20, n=5)
+    timings = {t.stage: t for t in reply.timings}
+    assert list(timings) == [*STAGES, TOTAL_STAGE]
+    for stage in STAGES:
+        assert 0 < timings[stage].server_us <= timings[stage].observed_us
+    assert timings[TOTAL_STAGE].observed_us >= sum(timings[s].observed_us for s in STAGES)
+
+
+def test_defaults(toy_chain):
+    reply = recommend(toy_chain["stub"])
+    assert len(reply.item_ids) == 10  # num_results 0 -> 10 (candidates: the whole 400-item toy catalogue)
+
+
+@pytest.mark.parametrize(
+    ("k", "n", "message"),
+    [
+        (-1, 0, "num_candidates must be >= 0"),
+        (401, 0, "item count 400"),
+        (10_001, 0, "<= 10000"),
+        (5, 6, "num_results (6) must be <= num_candidates (5)"),
+        (5, -1, "num_results must be >= 0"),
+    ],
+)
+def test_bad_sizes_are_invalid_argument(toy_chain, k, n, message):
+    with pytest.raises(grpc.RpcError) as info:
+        recommend(toy_chain["stub"], k=k, n=n)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in info.value.details()
+
+
+def test_unknown_user_is_not_found(toy_chain):
+    with pytest.raises(grpc.RpcError) as info:
+        recommend(toy_chain["stub"], user_id=10_000)
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "10000" in info.value.details()
+
+
+def test_deadline_is_propagated_to_the_stages(toy_chain):
+    features = toy_chain["features"]
+    features.remaining.clear()
+    toy_chain["stub"].Recommend(recommend_pb2.RecommendRequest(user_id=3))  # no deadline: none passed on
+    recommend(toy_chain["stub"], timeout=3.0)
+    assert features.remaining[0] is None
+    # gRPC rounds the deadline it puts on the wire up a little.
+    assert features.remaining[1] is not None and 0 < features.remaining[1] <= 3.1
+
+
+def test_deadline_passing_is_deadline_exceeded(toy_chain):
+    ranking = toy_chain["cores"]["ranking"]
+    ranking.delay_s = 0.5
+    try:
+        with pytest.raises(grpc.RpcError) as info:
+            recommend(toy_chain["stub"], k=20, n=5, timeout=0.25)
+    finally:
+        ranking.delay_s = 0.0
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert len(recommend(toy_chain["stub"], k=20, n=5).item_ids) == 5  # and it keeps serving
+
+
+@pytest.mark.parametrize("down", ["features", "retrieval", "ranking"])
+def test_stage_down_is_unavailable_naming_it(toy_chain, down):
+    targets = dict(toy_chain["addresses"])
+    targets[down] = f"127.0.0.1:{free_port()}"  # nothing listens there
+    st = toy_chain["servers"]
+    gateway = st.start(GatewayStage(targets["features"], targets["retrieval"], targets["ranking"]))
+    try:
+        with grpc.insecure_channel(gateway.address) as channel:
+            stub = recommend_pb2_grpc.RecommendServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as info:
+                recommend(stub, k=20, n=5, timeout=5)
+    finally:
+        st.stop(gateway)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert info.value.details().startswith(f"{down} unavailable at {targets[down]}")
+
+
+def test_top_n_orders_and_cuts():
+    ids = np.array([10, 11, 12, 13, 14], dtype=np.int64)
+    scores = np.array([0.1, 0.9, 0.5, 0.7, 0.3], dtype=np.float32)
+    top_ids, top_scores = top_n(ids, scores, 3)
+    assert top_ids.tolist() == [11, 13, 12]
+    assert top_scores.tolist() == pytest.approx([0.9, 0.7, 0.5])
+    assert top_n(ids, scores, 10)[0].tolist() == [11, 13, 12, 14, 10]

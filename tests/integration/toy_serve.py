@@ -1,0 +1,29 @@
+"""A toy feature stage as its own OS process, for the supervisor tests (no model repository needed).
+
+    python toy_serve.py PORT [--fail-at-start]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from toy_stages import ToyFeatureCore, ToyWorld
+
+from recpipe.features.servicer import FeatureStage
+from recpipe.serving import runner
+from recpipe.serving.config import StageConfig
+
+
+def main(argv: list[str]) -> int:
+    port = int(argv[0])
+    if "--fail-at-start" in argv:
+        print("toy stage: failing on purpose", file=sys.stderr)
+        return 3
+    stage = FeatureStage(lambda: ToyFeatureCore(ToyWorld()))
+    asyncio.run(runner.serve(StageConfig("features", port=port, grace_s=2.0), stage=stage))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
