@@ -1,15 +1,98 @@
-"""Generate queries and measure per-stage latency (sequential, open or closed loop)."""
+"""Generate queries and measure per-stage latency (sequential, open or closed loop).
+
+Open loop sends at Poisson arrival times from a seeded schedule and charges latency from the scheduled
+send time, so a slow server (or a generator that falls behind) cannot hide its tail. With
+--slo-p99-ms it searches the highest rate whose end-to-end p99 meets the bound.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
+from recpipe.config import DEFAULT_NUM_CANDIDATES, DEFAULT_NUM_RESULTS
 from recpipe.errors import UsageError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    pass
+    parser.add_argument("--target", metavar="HOST:PORT", help="the gateway (RecommendService)")
+    # Not `choices=`: an unknown mode gets the same one-line message as every other bad value.
+    parser.add_argument("--mode", default="sequential", help="sequential | open | closed (default sequential)")
+    parser.add_argument("--rate", type=float, help="open loop: target queries/s (Poisson arrivals)")
+    parser.add_argument("--concurrency", type=int, default=1, help="closed loop: number of clients")
+    length = parser.add_mutually_exclusive_group()
+    length.add_argument("--duration", type=float, metavar="S", help="measured seconds (default 10; "
+                        "per step with --slo-p99-ms, default 5)")
+    length.add_argument("--queries", type=int, metavar="N", help="measured queries (open: duration N/rate)")
+    parser.add_argument("--warmup", type=float, default=0.0, metavar="S",
+                        help="seconds of load before measuring, excluded from the statistics")
+    parser.add_argument("--users", default="uniform", help="uniform | zipf (user-id popularity)")
+    parser.add_argument("--zipf-exponent", type=float, default=1.0)
+    parser.add_argument("--num-users", type=int, help="user ids 0..N-1 (default: the gateway's GetInfo "
+                        "details['num_users'], else 1000)")
+    cands = parser.add_mutually_exclusive_group()
+    cands.add_argument("--num-candidates", type=int, help=f"candidates per query (default {DEFAULT_NUM_CANDIDATES})")
+    cands.add_argument("--candidates-dist", metavar="lognormal:MEDIAN,SIGMA")
+    cands.add_argument("--candidates-file", metavar="QUANTILES",
+                       help="quantile file: lines 'QUANTILE VALUE' (quantile in [0,1]) or one VALUE per "
+                            "line (equally spaced quantiles); '#' comments; sampled by inverse CDF")
+    parser.add_argument("--num-results", type=int, default=DEFAULT_NUM_RESULTS)
+    parser.add_argument("--slo-p99-ms", type=float, metavar="X",
+                        help="open loop: find the highest rate with end-to-end p99 <= X ms (starts at --rate)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=10.0, metavar="S", help="per-query deadline")
+    parser.add_argument("--per-component", action="store_true",
+                        help="call features, retrieval and ranking directly, timing each from the client")
+    parser.add_argument("--features", metavar="HOST:PORT", help="--per-component: features (default --target)")
+    parser.add_argument("--retrieval", metavar="HOST:PORT", help="--per-component: retrieval (default --target)")
+    parser.add_argument("--ranking", metavar="HOST:PORT", help="--per-component: ranking (default --target)")
+    parser.add_argument("--out", metavar="RUN.json", help="write the run document here")
+    parser.add_argument("--plot", metavar="DIR", help="write PNG charts into DIR")
+    parser.add_argument("--force", action="store_true", help="overwrite --out / --plot files")
+    parser.add_argument("--quiet", action="store_true", help="no summary table on stdout")
+
+
+def build_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from recpipe.querygen.config import QuerygenConfig
+    from recpipe.querygen.workload import fixed_candidates, load_quantile_file, parse_lognormal
+
+    if args.candidates_dist is not None:
+        candidates = parse_lognormal(args.candidates_dist)
+    elif args.candidates_file is not None:
+        candidates = load_quantile_file(args.candidates_file)
+    else:
+        candidates = fixed_candidates(DEFAULT_NUM_CANDIDATES if args.num_candidates is None
+                                      else args.num_candidates)
+    return QuerygenConfig(
+        target=args.target, mode=args.mode, candidates=candidates, rate=args.rate,
+        concurrency=args.concurrency, duration=args.duration, queries=args.queries, warmup=args.warmup,
+        users=args.users, zipf_exponent=args.zipf_exponent, num_users=args.num_users,
+        num_results=args.num_results, slo_p99_ms=args.slo_p99_ms, seed=args.seed, timeout=args.timeout,
+        per_component=args.per_component, features=args.features, retrieval=args.retrieval,
+        ranking=args.ranking)
 
 
 def run(args: argparse.Namespace) -> int:
-    raise UsageError("not implemented yet")
+    from recpipe.querygen import loops, output, plots, session
+    from recpipe.querygen.workload import UserSpec
+
+    config = build_config(args)
+    UserSpec(config.users, config.num_users or 1, config.zipf_exponent)  # validate before connecting
+    if args.out:
+        output.check_writable(args.out, args.force)
+    if args.plot and not args.force:
+        from pathlib import Path
+
+        existing = [p for p in Path(args.plot).glob("*.png")] if Path(args.plot).is_dir() else []
+        if existing:
+            raise UsageError(f"{args.plot} already holds charts ({existing[0].name}); pass --force")
+    doc = loops.run(session.execute(config))
+    for w in doc["warnings"]:
+        print(f"recpipe querygen: warning: {w}", file=sys.stderr)
+    if not args.quiet:
+        print(output.summary_text(doc))
+    if args.out:
+        output.write_json(args.out, doc, args.force)
+    if args.plot:
+        plots.write_run_plots(doc, args.plot, force=True)
+    return 0

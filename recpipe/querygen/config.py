@@ -1,0 +1,95 @@
+"""The query generator's configuration, built once from the command line and validated here."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from recpipe.errors import UsageError
+from recpipe.querygen.workload import CandidateSpec
+
+MODES = ("sequential", "open", "closed")
+#: the user-id range used when neither the gateway nor --num-users says
+DEFAULT_NUM_USERS = 1000
+DEFAULT_DURATION_S = 10.0
+DEFAULT_SLO_STEP_S = 5.0
+
+
+@dataclass(frozen=True)
+class QuerygenConfig:
+    target: str | None
+    mode: str
+    candidates: CandidateSpec
+    rate: float | None = None
+    concurrency: int = 1
+    duration: float | None = None
+    queries: int | None = None
+    warmup: float = 0.0
+    users: str = "uniform"
+    zipf_exponent: float = 1.0
+    num_users: int | None = None
+    num_results: int = 10
+    slo_p99_ms: float | None = None
+    seed: int = 0
+    timeout: float = 10.0
+    connect_timeout: float = 4.0
+    per_component: bool = False
+    features: str | None = None
+    retrieval: str | None = None
+    ranking: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise UsageError(f"unknown --mode {self.mode!r}; choose one of {', '.join(MODES)}")
+        if self.rate is not None and not (self.rate > 0 and math.isfinite(self.rate)):
+            raise UsageError(f"--rate must be > 0 queries/s, got {self.rate}")
+        if self.mode == "open" and self.rate is None:
+            raise UsageError("--mode open needs --rate QPS")
+        if self.mode != "open" and self.rate is not None:
+            raise UsageError(f"--rate applies to --mode open only (mode is {self.mode})")
+        if self.concurrency < 1:
+            raise UsageError(f"--concurrency must be >= 1, got {self.concurrency}")
+        if self.mode == "sequential" and self.concurrency != 1:
+            raise UsageError("--concurrency applies to --mode closed (sequential is one query at a time)")
+        if self.duration is not None and self.queries is not None:
+            raise UsageError("give --duration or --queries, not both")
+        if self.duration is not None and not self.duration > 0:
+            raise UsageError(f"--duration must be > 0 seconds, got {self.duration}")
+        if self.queries is not None and self.queries < 1:
+            raise UsageError(f"--queries must be >= 1, got {self.queries}")
+        if not self.warmup >= 0:
+            raise UsageError(f"--warmup must be >= 0 seconds, got {self.warmup}")
+        if self.num_users is not None and self.num_users < 1:
+            raise UsageError(f"--num-users must be >= 1, got {self.num_users}")
+        if self.num_results < 1:
+            raise UsageError(f"--num-results must be >= 1, got {self.num_results}")
+        if self.slo_p99_ms is not None:
+            if self.mode != "open":
+                raise UsageError("--slo-p99-ms searches open-loop rates: use it with --mode open")
+            if not self.slo_p99_ms > 0:
+                raise UsageError(f"--slo-p99-ms must be > 0, got {self.slo_p99_ms}")
+            if self.queries is not None:
+                raise UsageError("--slo-p99-ms runs fixed-duration steps: use --duration, not --queries")
+        if not self.timeout > 0:
+            raise UsageError(f"--timeout must be > 0 seconds, got {self.timeout}")
+        if self.per_component:
+            if not all(t or self.target for t in (self.features, self.retrieval, self.ranking)):
+                raise UsageError("--per-component needs --features, --retrieval and --ranking (or --target)")
+        elif not self.target:
+            raise UsageError("--target HOST:PORT is required (the gateway)")
+
+    @property
+    def stage_targets(self) -> dict[str, str]:
+        """features / retrieval / ranking addresses for --per-component (each defaults to --target)."""
+        return {"features": self.features or self.target or "",
+                "retrieval": self.retrieval or self.target or "",
+                "ranking": self.ranking or self.target or ""}
+
+    @property
+    def measured_duration(self) -> float | None:
+        """Seconds measured after warm-up; open mode turns --queries N into N / rate."""
+        if self.duration is not None:
+            return self.duration
+        if self.queries is not None:
+            return self.queries / self.rate if self.mode == "open" and self.rate else None
+        return DEFAULT_SLO_STEP_S if self.slo_p99_ms is not None else DEFAULT_DURATION_S

@@ -1,0 +1,100 @@
+"""Writing and reading run documents, and the plain-text summary printed after a run."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from recpipe.config import STAGES
+from recpipe.errors import UsageError
+
+FORMAT = "recpipe.querygen.run"
+SUPPORTED_VERSIONS = (1,)
+
+
+def check_writable(path: str | Path, force: bool) -> Path:
+    """Refuse early (before a long run) to overwrite ``path`` without --force."""
+    p = Path(path)
+    if p.exists() and not force:
+        raise UsageError(f"{p} exists; pass --force to overwrite it")
+    if not p.parent.exists():
+        raise UsageError(f"directory {p.parent} does not exist")
+    return p
+
+
+def write_atomic(path: str | Path, data: bytes, force: bool) -> Path:
+    """Write ``data`` to ``path`` via a temporary file in the same directory and a rename."""
+    p = check_writable(path, force)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return p
+
+
+def write_json(path: str | Path, doc: dict[str, Any], force: bool) -> Path:
+    return write_atomic(path, (json.dumps(doc, indent=2, sort_keys=False) + "\n").encode(), force)
+
+
+def load_run(path: str | Path) -> dict[str, Any]:
+    """Read a run document written by ``recpipe querygen --out``; UsageError if it is not one."""
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"cannot read {p}: {e}") from None
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{p} is not JSON: {e}") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise UsageError(f"{p} is not a recpipe querygen run (format {FORMAT!r} missing)")
+    if doc.get("format_version") not in SUPPORTED_VERSIONS:
+        raise UsageError(f"{p}: format_version {doc.get('format_version')!r} is not supported "
+                         f"(this recpipe reads {SUPPORTED_VERSIONS})")
+    for key in ("end_to_end", "stages"):
+        if not isinstance(doc.get(key), dict):
+            raise UsageError(f"{p}: missing {key!r}")
+    return doc
+
+
+def _ms(us: float) -> str:
+    return f"{us / 1000:.2f}"
+
+
+def summary_text(doc: dict[str, Any]) -> str:
+    """A short fixed-width table: per stage observed p50/p99/p99.9/max and server p50, then end to end."""
+    lines = []
+    head = f"mode {doc['mode']}"
+    if doc.get("per_component"):
+        head += " (per component)"
+    if doc.get("target_rate"):
+        head += f", target {doc['target_rate']:.1f} q/s"
+    head += f", achieved {doc['achieved_rate']:.1f} q/s, {doc['queries']} queries, {doc['errors']} errors"
+    if doc.get("errors_by_code"):
+        head += " " + ", ".join(f"{k}={v}" for k, v in doc["errors_by_code"].items())
+    lines.append(head)
+    lines.append(f"{'ms':<16}{'p50':>9}{'p90':>9}{'p99':>9}{'p99.9':>9}{'max':>9}{'server p50':>12}")
+    for stage in STAGES:
+        s = doc["stages"][stage]
+        lines.append(f"{stage:<16}{_ms(s['p50_us']):>9}{_ms(s['p90_us']):>9}{_ms(s['p99_us']):>9}"
+                     f"{_ms(s['p999_us']):>9}{_ms(s['max_us']):>9}{_ms(s['server']['p50_us']):>12}")
+    e = doc["end_to_end"]
+    lines.append(f"{'end to end':<16}{_ms(e['p50_us']):>9}{_ms(e['p90_us']):>9}{_ms(e['p99_us']):>9}"
+                 f"{_ms(e['p999_us']):>9}{_ms(e['max_us']):>9}{'':>12}")
+    if doc["mode"] == "open":
+        lag = doc["send_lag"]
+        lines.append(f"send lag: p50 {_ms(lag['p50_us'])} ms, p99 {_ms(lag['p99_us'])} ms, "
+                     f"max {_ms(lag['max_us'])} ms")
+    slo = doc.get("slo")
+    if slo:
+        best = "none" if slo["max_rate"] is None else f"{slo['max_rate']:.1f} q/s"
+        lines.append(f"SLO p99 <= {slo['slo_p99_ms']:g} ms: max rate {best} ({len(slo['curve'])} steps)")
+    return "\n".join(lines)

@@ -1,0 +1,123 @@
+"""PNG charts of run documents (headless: matplotlib's Agg canvas, never pyplot or a display).
+
+Each function takes one or more ``(label, run_doc)`` pairs, so ``recpipe report`` draws the same charts
+for several runs side by side.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from recpipe.config import STAGES
+from recpipe.querygen.output import write_atomic
+
+Labelled = Sequence[tuple[str, dict[str, Any]]]
+
+_COLORS = {"augment_user": "#4C72B0", "retrieve": "#DD8452", "augment_items": "#55A868", "rank": "#C44E52",
+           "other": "#BBBBBB"}
+
+
+def _figure(width: float = 8.0, height: float = 4.5) -> Any:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=100)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig: Any, path: Path, force: bool) -> Path:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    return write_atomic(path, buf.getvalue(), force)
+
+
+def stage_bars(runs: Labelled, path: Path, force: bool = False) -> Path:
+    """Stacked per-stage latency bars at p50 and p99 for each run.
+
+    Percentiles do not add up: the stack shows each stage's own p50 (p99), and "other" is what the end
+    to end percentile has beyond their sum (network, gateway, client; 0 when the sum exceeds it).
+    """
+    fig = _figure(max(6.0, 2.2 * len(runs) + 2), 4.8)
+    ax = fig.add_subplot(1, 1, 1)
+    positions: list[float] = []
+    labels: list[str] = []
+    x = 0.0
+    for label, doc in runs:
+        for pct, key in (("p50", "p50_us"), ("p99", "p99_us")):
+            bottom = 0.0
+            for stage in STAGES:
+                v = doc["stages"][stage][key] / 1000
+                ax.bar(x, v, bottom=bottom, color=_COLORS[stage], width=0.8,
+                       label=stage if not positions else None)
+                bottom += v
+            other = max(0.0, doc["end_to_end"][key] / 1000 - bottom)
+            ax.bar(x, other, bottom=bottom, color=_COLORS["other"], width=0.8,
+                   label="other (end to end - stages)" if not positions else None)
+            ax.text(x, bottom + other, f"{doc['end_to_end'][key] / 1000:.1f}", ha="center", va="bottom",
+                    fontsize=8)
+            positions.append(x)
+            labels.append(f"{label}\n{pct}" if label else pct)
+            x += 1.0
+        x += 0.5
+    ax.set_xticks(positions, labels, fontsize=8)
+    ax.set_ylabel("latency (ms)")
+    ax.set_title("Per-stage latency (stacked), end to end on top")
+    ax.legend(fontsize=8, loc="upper left")
+    return _save(fig, path, force)
+
+
+def latency_cdf(runs: Labelled, path: Path, force: bool = False) -> Path:
+    """End-to-end latency CDF, log latency axis, the tail stretched (y = percentile, 0..100)."""
+    fig = _figure()
+    ax = fig.add_subplot(1, 1, 1)
+    for label, doc in runs:
+        cdf = doc["end_to_end"].get("cdf") or []
+        if cdf:
+            ax.plot([v / 1000 for _, v in cdf], [p for p, _ in cdf], marker=".", label=label or None)
+    ax.set_xscale("log")
+    ax.set_xlabel("end-to-end latency (ms)")
+    ax.set_ylabel("percentile")
+    ax.set_ylim(0, 100.5)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.set_title("End-to-end latency CDF")
+    if any(label for label, _ in runs):
+        ax.legend(fontsize=8)
+    return _save(fig, path, force)
+
+
+def slo_curve(runs: Labelled, path: Path, force: bool = False) -> Path:
+    """Rate-latency curve of an SLO search: p50 and p99 per step, the SLO line, the max rate."""
+    fig = _figure()
+    ax = fig.add_subplot(1, 1, 1)
+    for label, doc in runs:
+        slo = doc["slo"]
+        curve = slo["curve"]
+        rates = [c["target_rate"] for c in curve]
+        prefix = f"{label} " if label else ""
+        ax.plot(rates, [c["p99_us"] / 1000 for c in curve], marker="o", label=f"{prefix}p99")
+        ax.plot(rates, [c["p50_us"] / 1000 for c in curve], marker=".", linestyle="--", label=f"{prefix}p50")
+        if slo["max_rate"] is not None:
+            ax.axvline(slo["max_rate"], color="green", alpha=0.5, linestyle=":")
+        ax.axhline(slo["slo_p99_ms"], color="red", alpha=0.6, label=f"SLO p99 {slo['slo_p99_ms']:g} ms")
+    ax.set_yscale("log")
+    ax.set_xlabel("offered rate (queries/s)")
+    ax.set_ylabel("end-to-end latency (ms)")
+    ax.set_title("Rate vs latency (open loop)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path, force)
+
+
+def write_run_plots(doc: dict[str, Any], out_dir: str | Path, force: bool = False) -> list[Path]:
+    """The charts of one run into ``out_dir`` (created if missing)."""
+    d = Path(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    runs = [("", doc)]
+    paths = [stage_bars(runs, d / "stage_latency.png", force), latency_cdf(runs, d / "latency_cdf.png", force)]
+    if doc.get("slo"):
+        paths.append(slo_curve(runs, d / "slo_curve.png", force))
+    return paths

@@ -1,0 +1,224 @@
+"""One querygen run from configuration to result document: connect, look up the pipeline, offer load,
+summarise. ``execute(config)`` returns the versioned JSON-ready dict that ``--out`` writes."""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+from collections.abc import Callable
+from typing import Any, TextIO
+
+import grpc.aio
+
+from recpipe import __version__
+from recpipe.config import STAGES, TOTAL_STAGE
+from recpipe.querygen import clients, loops, platform_info
+from recpipe.querygen.config import DEFAULT_NUM_USERS, QuerygenConfig
+from recpipe.querygen.output import FORMAT
+from recpipe.querygen.progress import Progress
+from recpipe.querygen.recorder import Measurement, Recorder
+from recpipe.querygen.slo import SloSearch, SloStep, find_max_rate
+from recpipe.querygen.workload import QueryStream, UserSpec, poisson_arrivals
+
+FORMAT_VERSION = 1
+#: GetInfo detail key (on the gateway, else the features service) giving the user-id range 0..n-1
+NUM_USERS_KEY = "num_users"
+#: send lag p99 above this means the generator, not the server, limited the offered load
+LAG_WARN_US = 1000.0
+
+
+def _now_utc() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _num_users(config: QuerygenConfig, pipeline: dict[str, Any]) -> tuple[int, str]:
+    if config.num_users is not None:
+        return config.num_users, "--num-users"
+    for name in ("gateway", "features"):
+        info = pipeline.get(name) or {}
+        value = (info.get("details") or {}).get(NUM_USERS_KEY)
+        if value is not None:
+            try:
+                n = int(value)
+            except ValueError:
+                continue
+            if n >= 1:
+                return n, f"{name} GetInfo details[{NUM_USERS_KEY!r}]"
+    return DEFAULT_NUM_USERS, "default (no --num-users and no GetInfo num_users)"
+
+
+def achieved_rate(m: Measurement, measure_from: float, planned_s: float | None) -> float:
+    """Answered measured queries per second over the measured window.
+
+    The window runs from the end of warm-up to the last answer, but is never shorter than the planned
+    duration: a run that keeps up achieves exactly its target rate, one that falls behind less.
+    """
+    if m.last_done is None or m.queries == 0:
+        return 0.0
+    window = max(m.last_done - measure_from, planned_s or 0.0)
+    return m.queries / window if window > 0 else 0.0
+
+
+def summarise(m: Measurement) -> dict[str, Any]:
+    """The latency part of a run: end_to_end (+ CDF), stages (observed + server), send lag, errors."""
+    stages = {}
+    for stage in STAGES:
+        h = m.stages[stage]
+        stages[stage] = {**h.observed.summary(), "server": h.server.summary()}
+    total = m.stages[TOTAL_STAGE]
+    return {
+        "queries": m.queries,
+        "ok": m.ok,
+        "errors": m.error_count,
+        "errors_by_code": dict(sorted(m.errors.items())),
+        "warmup_queries": m.warmup_queries,
+        "end_to_end": {**m.end_to_end.summary(), "cdf": m.end_to_end.cdf()},
+        "pipeline_total": {**total.observed.summary(), "server": total.server.summary()},
+        "stages": stages,
+        "send_lag": m.send_lag.summary(),
+    }
+
+
+class Session:
+    """Holds the channels and the query stream for one run (or the steps of one SLO search)."""
+
+    def __init__(self, config: QuerygenConfig, stream: TextIO | None = None) -> None:
+        self.config = config
+        self.stream = stream if stream is not None else sys.stderr
+        self.channels: list[grpc.aio.Channel] = []
+        self.pipeline: dict[str, Any] = {}
+        self.send: loops.Send | None = None
+        self.num_users = (0, "")
+
+    async def open(self) -> None:
+        cfg = self.config
+        targets: dict[str, str] = {}
+        if cfg.target:
+            targets["gateway"] = cfg.target
+        if cfg.per_component:
+            targets.update(cfg.stage_targets)
+        chans: dict[str, grpc.aio.Channel] = {}
+        for name, target in targets.items():
+            # One channel per distinct address: a single test server may play every role.
+            existing = next((chans[n] for n, t in targets.items() if t == target and n in chans), None)
+            if existing is None:
+                existing = await clients.connect(target, cfg.connect_timeout)
+                self.channels.append(existing)
+            chans[name] = existing
+            self.pipeline[name] = {"target": target, **((await clients.get_info(existing)) or {})}
+        self.num_users = _num_users(cfg, self.pipeline)
+        users = UserSpec(cfg.users, self.num_users[0], cfg.zipf_exponent)
+        queries = QueryStream(users, cfg.candidates, cfg.seed)
+        if cfg.per_component:
+            self.send = clients.component_send(chans["features"], chans["retrieval"], chans["ranking"],
+                                               queries, cfg.num_results, cfg.timeout)
+        else:
+            self.send = clients.gateway_send(chans["gateway"], queries, cfg.num_results, cfg.timeout)
+
+    async def close(self) -> None:
+        for ch in self.channels:
+            await ch.close(None)
+
+    async def measure(self, rate: float | None, label: str = "") -> tuple[Measurement, Recorder, float | None]:
+        """One run of the configured mode (at ``rate`` for open loop)."""
+        cfg = self.config
+        assert self.send is not None, "open() first"
+        progress = Progress(self.stream, label)
+        planned = cfg.measured_duration
+        if cfg.mode == "open":
+            assert rate is not None and planned is not None
+            arrivals = poisson_arrivals(rate, cfg.warmup + planned, cfg.seed)
+            rec = await loops.run_open(self.send, arrivals.tolist(), cfg.warmup, progress)
+        else:
+            concurrency = cfg.concurrency if cfg.mode == "closed" else 1
+            duration = None if cfg.queries is not None else planned
+            rec = await loops.run_closed(self.send, concurrency, cfg.warmup, duration, cfg.queries, progress)
+            planned = None
+        return rec.finish(), rec, planned
+
+
+def _describe(config: QuerygenConfig, session: Session) -> dict[str, Any]:
+    return {
+        "users": config.users,
+        "zipf_exponent": config.zipf_exponent if config.users == "zipf" else None,
+        "num_users": session.num_users[0],
+        "num_users_source": session.num_users[1],
+        "candidates": config.candidates.describe(),
+        "num_results": config.num_results,
+        "seed": config.seed,
+        "warmup_s": config.warmup,
+        "duration_s": config.measured_duration if config.queries is None or config.mode == "open" else None,
+        "queries_requested": config.queries,
+        "timeout_s": config.timeout,
+    }
+
+
+async def execute(config: QuerygenConfig, stream: TextIO | None = None,
+                  on_open: Callable[[Session], None] | None = None) -> dict[str, Any]:
+    """Run querygen as configured and return the result document (see ``FORMAT_VERSION``)."""
+    session = Session(config, stream)
+    started = _now_utc()
+    await session.open()
+    if on_open:
+        on_open(session)
+    try:
+        slo_json: dict[str, Any] | None = None
+        rate: float | None
+        if config.slo_p99_ms is not None:
+            assert config.rate is not None
+            search = SloSearch(config.slo_p99_ms * 1000, config.rate)
+            best: dict[float, tuple[Measurement, float]] = {}
+
+            async def step(rate: float) -> SloStep:
+                m, rec, planned = await session.measure(rate, f"{rate:.1f} q/s")
+                achieved = achieved_rate(m, rec.measure_from, planned)
+                best[rate] = (m, achieved)
+                return SloStep(rate, round(achieved, 3), m.end_to_end.percentile_us(50),
+                               m.end_to_end.percentile_us(99), m.end_to_end.percentile_us(99.9),
+                               m.queries, m.error_count)
+
+            result = await find_max_rate(search, step)
+            slo_json = result.to_json(search, config.measured_duration or 0.0)
+            # The headline numbers are those of the best passing step (else the lowest rate tried).
+            rate = result.max_rate if result.max_rate is not None else min(best)
+            m, achieved = best[rate]
+        else:
+            rate = config.rate
+            m, rec, planned = await session.measure(rate)
+            achieved = achieved_rate(m, rec.measure_from, planned)
+    finally:
+        await session.close()
+
+    doc: dict[str, Any] = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "recpipe_version": __version__,
+        "started_utc": started,
+        "finished_utc": _now_utc(),
+        "mode": config.mode,
+        "per_component": config.per_component,
+        "target": config.target,
+        "concurrency": config.concurrency if config.mode == "closed" else 1 if config.mode == "sequential" else None,
+        "target_rate": rate if config.mode == "open" else None,
+        "achieved_rate": round(achieved, 3),
+        **summarise(m),
+        "workload": _describe(config, session),
+        "platform": platform_info.detect(),
+        "pipeline": session.pipeline,
+        "model_version": next((i.get("model_version") for i in session.pipeline.values()
+                               if i.get("model_version")), None),
+        "warnings": [],
+    }
+    if slo_json is not None:
+        doc["slo"] = slo_json
+    warnings: list[str] = doc["warnings"]
+    if config.mode == "open" and doc["send_lag"]["p99_us"] > LAG_WARN_US:
+        warnings.append(
+            f"generator fell behind: send lag p99 {doc['send_lag']['p99_us'] / 1000:.2f} ms, max "
+            f"{doc['send_lag']['max_us'] / 1000:.2f} ms (latencies still count from the scheduled send time)")
+    if m.error_count:
+        warnings.append(f"{m.error_count} of {m.queries} queries failed: {doc['errors_by_code']}")
+    if doc["workload"]["num_users_source"].startswith("default"):
+        warnings.append(f"user ids drawn from 0..{DEFAULT_NUM_USERS - 1}: the gateway did not report "
+                        f"{NUM_USERS_KEY!r}; pass --num-users")
+    return doc

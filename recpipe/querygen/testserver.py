@@ -1,0 +1,277 @@
+"""A real grpc.aio server that answers like the recpipe chain, with delays and stalls under control.
+
+It serves RecommendService (returning a StageTiming per stage), the three stage services (so
+``--per-component`` can be exercised without trained models) and InfoService (``details["num_users"]``),
+all on one port. Each stage takes exactly its configured delay; a stall (SIGUSR1, or every
+``stall_every`` seconds) freezes the server's event loop, as a garbage-collection pause or a descheduled
+process would, so every query in flight or arriving meanwhile waits. It is the reference the query generator's accuracy tests measure against, and
+the trivial server of ``recpipe bench querygen``.
+
+Run alone: ``python -m recpipe.querygen.testserver --port 0 --delay-ms rank=5`` prints ``PORT <n>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+import grpc.aio
+import numpy as np
+
+from recpipe import codec
+from recpipe.config import STAGES, TOTAL_STAGE
+from recpipe.errors import UsageError
+from recpipe.querygen import loops
+from recpipe.v1 import (
+    features_pb2,
+    features_pb2_grpc,
+    info_pb2,
+    info_pb2_grpc,
+    ranking_pb2,
+    ranking_pb2_grpc,
+    recommend_pb2,
+    recommend_pb2_grpc,
+    retrieval_pb2,
+    retrieval_pb2_grpc,
+)
+
+_USER_DENSE = 8
+_ITEM_DENSE = 4
+
+
+@dataclass(frozen=True)
+class TestServerConfig:
+    """Per-stage delays in seconds (stages not named take none) and the user-id range it reports."""
+
+    __test__ = False  # not a pytest class
+
+    delays: Mapping[str, float] = field(default_factory=dict)
+    num_users: int = 1000
+    #: every ``stall_every`` seconds (0 = never) the server freezes for ``stall_for`` seconds
+    stall_every: float = 0.0
+    stall_for: float = 0.0
+
+    def __post_init__(self) -> None:
+        unknown = set(self.delays) - set(STAGES)
+        if unknown:
+            raise UsageError(f"unknown stage(s) {sorted(unknown)}; stages are {', '.join(STAGES)}")
+        if any(d < 0 for d in self.delays.values()):
+            raise UsageError("stage delays must be >= 0")
+
+
+class _Servicer(
+    recommend_pb2_grpc.RecommendServiceServicer,
+    features_pb2_grpc.FeatureServiceServicer,
+    retrieval_pb2_grpc.RetrievalServiceServicer,
+    ranking_pb2_grpc.RankingServiceServicer,
+    info_pb2_grpc.InfoServiceServicer,
+):
+    def __init__(self, config: TestServerConfig) -> None:
+        self.config = config
+        rng = np.random.default_rng(0)
+        self._user_dense = codec.encode(rng.random(_USER_DENSE, dtype=np.float32))
+        self._user_sparse = codec.encode(np.arange(44, dtype=np.int64))
+        self._recent = codec.encode(np.full(4, -1, dtype=np.int64))
+
+    async def _stage(self, stage: str) -> int:
+        """Spend exactly the stage's delay; returns the microseconds spent."""
+        t0 = time.perf_counter()
+        delay = self.config.delays.get(stage, 0.0)
+        if delay > 0:
+            await loops.sleep_until(t0 + delay)
+        return int((time.perf_counter() - t0) * 1e6)
+
+    async def Recommend(self, request, context):  # type: ignore[no-untyped-def]
+        t0 = time.perf_counter()
+        timings = []
+        for stage in STAGES:
+            us = await self._stage(stage)
+            # In-process stages: no network hop, so what the "gateway" observes is the server time.
+            timings.append(recommend_pb2.StageTiming(stage=stage, server_us=us, observed_us=us))
+        k = request.num_candidates or 500
+        n = min(request.num_results or 10, k)
+        total = int((time.perf_counter() - t0) * 1e6)
+        timings.append(recommend_pb2.StageTiming(stage=TOTAL_STAGE, server_us=total, observed_us=total))
+        return recommend_pb2.RecommendResponse(
+            item_ids=list(range(n)), scores=[1.0 / (j + 1) for j in range(n)], timings=timings,
+            model_version="testserver")
+
+    async def AugmentUser(self, request, context):  # type: ignore[no-untyped-def]
+        us = await self._stage("augment_user")
+        return features_pb2.AugmentUserResponse(
+            user_id=request.user_id, dense=self._user_dense, sparse=self._user_sparse,
+            recent_items=self._recent, server_us=us)
+
+    async def Retrieve(self, request, context):  # type: ignore[no-untyped-def]
+        us = await self._stage("retrieve")
+        k = request.k or 500
+        return retrieval_pb2.RetrieveResponse(
+            item_ids=codec.encode(np.arange(k, dtype=np.int64)),
+            scores=codec.encode(np.linspace(1.0, 0.0, k, dtype=np.float32)), server_us=us,
+            model_version="testserver")
+
+    async def AugmentItems(self, request, context):  # type: ignore[no-untyped-def]
+        us = await self._stage("augment_items")
+        k = int(request.item_ids.shape[0]) if request.item_ids.shape else 0
+        return features_pb2.AugmentItemsResponse(
+            dense=codec.encode(np.zeros((k, _ITEM_DENSE), dtype=np.float32)),
+            sparse=codec.encode(np.zeros((k, 16), dtype=np.int64)), server_us=us)
+
+    async def Rank(self, request, context):  # type: ignore[no-untyped-def]
+        us = await self._stage("rank")
+        k = int(request.item_dense.shape[0]) if request.item_dense.shape else 0
+        scores = np.random.default_rng(k).random(k, dtype=np.float32)
+        return ranking_pb2.RankResponse(scores=codec.encode(scores), server_us=us, model_version="testserver")
+
+    async def GetInfo(self, request, context):  # type: ignore[no-untyped-def]
+        return info_pb2.ServiceInfo(
+            stage="gateway", device="cpu", model_version="testserver", threads=1,
+            details={"num_users": str(self.config.num_users), "test_server": "true"})
+
+
+async def start_server(config: TestServerConfig, port: int = 0,
+                       host: str = "127.0.0.1") -> tuple[grpc.aio.Server, int]:
+    """Start the test server on the running loop; returns ``(server, bound_port)``."""
+    server = grpc.aio.server()
+    servicer = _Servicer(config)
+    recommend_pb2_grpc.add_RecommendServiceServicer_to_server(servicer, server)
+    features_pb2_grpc.add_FeatureServiceServicer_to_server(servicer, server)
+    retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(servicer, server)
+    ranking_pb2_grpc.add_RankingServiceServicer_to_server(servicer, server)
+    info_pb2_grpc.add_InfoServiceServicer_to_server(servicer, server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    await server.start()
+    return server, bound
+
+
+def _freeze(seconds: float) -> None:
+    # Blocking on purpose: the whole event loop stops, like a stop-the-world pause.
+    time.sleep(seconds)
+
+
+class TestServerProcess:
+    """The test server in its own process (it must not share a GIL with the generator it measures).
+
+    ``stall()`` sends SIGUSR1, which freezes the server's event loop for ``stall_for`` seconds; queries
+    keep arriving in the gRPC core and wait, exactly as they would for a paused process.
+    """
+
+    __test__ = False
+
+    def __init__(self, config: TestServerConfig) -> None:
+        self.config = config
+        self.port = 0
+        self._proc: subprocess.Popen[str] | None = None
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> TestServerProcess:
+        argv = [sys.executable, "-m", "recpipe.querygen.testserver", "--port", "0",
+                "--num-users", str(self.config.num_users), "--stall-ms", str(self.config.stall_for * 1000),
+                "--stall-every-s", str(self.config.stall_every)]
+        for stage, seconds in self.config.delays.items():
+            argv += ["--delay-ms", f"{stage}={seconds * 1000!r}"]
+        self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self._proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        ready = threading.Event()
+        line: list[str] = []
+
+        def read_port() -> None:
+            assert self._proc is not None and self._proc.stdout is not None
+            line.append(self._proc.stdout.readline())
+            ready.set()
+
+        threading.Thread(target=read_port, daemon=True).start()
+        ready.wait(max(0.0, deadline - time.monotonic()))
+        if not line or not line[0].startswith("PORT "):
+            self.stop()
+            raise RuntimeError(f"test server did not start: {line[0] if line else 'timeout'!r}")
+        self.port = int(line[0].split()[1])
+        return self
+
+    def stall(self) -> None:
+        """Freeze the server now for ``config.stall_for`` seconds."""
+        if self._proc is not None:
+            os.kill(self._proc.pid, signal.SIGUSR1)
+
+    def stop(self) -> None:
+        if self._proc is None:
+            return
+        if self._proc.stdin:
+            with contextlib.suppress(OSError):
+                self._proc.stdin.close()
+        try:
+            self._proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        if self._proc.stdout:
+            self._proc.stdout.close()
+        self._proc = None
+
+    def __enter__(self) -> TestServerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def parse_delays(specs: Sequence[str]) -> dict[str, float]:
+    """``["rank=5", "retrieve=1.5"]`` (milliseconds) -> ``{"rank": 0.005, "retrieve": 0.0015}``."""
+    out: dict[str, float] = {}
+    for spec in specs:
+        stage, _, ms = spec.partition("=")
+        try:
+            out[stage] = float(ms) / 1000
+        except ValueError:
+            raise UsageError(f"--delay-ms wants STAGE=MS, got {spec!r}") from None
+    return out
+
+
+async def _serve_forever(config: TestServerConfig, port: int) -> None:
+    server, bound = await start_server(config, port)
+    print(f"PORT {bound}", flush=True)
+    loop = asyncio.get_running_loop()
+    if config.stall_for > 0:
+        loop.add_signal_handler(signal.SIGUSR1, _freeze, config.stall_for)
+    if config.stall_every > 0:
+        def stall_again() -> None:
+            _freeze(config.stall_for)
+            loop.call_later(config.stall_every, stall_again)
+
+        loop.call_later(config.stall_every, stall_again)
+    # Exit when the parent closes our stdin, so a crashed benchmark leaves no server behind.
+    await loop.run_in_executor(None, sys.stdin.read)
+    await server.stop(0.5)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m recpipe.querygen.testserver", description=__doc__)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--delay-ms", action="append", default=[], metavar="STAGE=MS")
+    parser.add_argument("--num-users", type=int, default=1000)
+    parser.add_argument("--stall-every-s", type=float, default=0.0)
+    parser.add_argument("--stall-ms", type=float, default=0.0)
+    args = parser.parse_args(argv)
+    config = TestServerConfig(parse_delays(args.delay_ms), args.num_users, args.stall_every_s,
+                              args.stall_ms / 1000)
+    with contextlib.suppress(KeyboardInterrupt):
+        loops.run(_serve_forever(config, args.port))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
