@@ -3,13 +3,40 @@
 from __future__ import annotations
 
 import argparse
+import time
 
+from recpipe.config import DEFAULT_HOST, DEFAULT_PORTS, STAGES, TOTAL_STAGE
 from recpipe.errors import UsageError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    pass
+    parser.add_argument("--user-id", type=int, required=True)
+    parser.add_argument("--num-candidates", type=int, default=0, help="candidates to retrieve (0 = 500)")
+    parser.add_argument("--num-results", type=int, default=0, help="items to return (0 = 10)")
+    parser.add_argument("--target", default=f"{DEFAULT_HOST}:{DEFAULT_PORTS['gateway']}", help="gateway host:port")
+    parser.add_argument("--timeout", type=float, default=10.0, help="deadline in seconds")
 
 
 def run(args: argparse.Namespace) -> int:
-    raise UsageError("not implemented yet")
+    if args.timeout <= 0:
+        raise UsageError("--timeout must be > 0")
+    from recpipe.client import RecommendClient
+
+    with RecommendClient(args.target, timeout=args.timeout) as client:
+        start = time.perf_counter_ns()
+        rec = client.recommend(args.user_id, args.num_candidates, args.num_results)
+        client_us = (time.perf_counter_ns() - start) // 1000
+    print(f"user {args.user_id}: {len(rec.item_ids)} items  (model {rec.model_version or '?'}, gateway {args.target})")
+    print(f"{'#':>4}  {'item_id':>10}  {'score':>8}")
+    for i, (item, score) in enumerate(zip(rec.item_ids.tolist(), rec.scores.tolist(), strict=True), 1):
+        print(f"{i:>4}  {item:>10}  {score:>8.4f}")
+    print()
+    print(f"{'stage':<14}{'server ms':>11}{'observed ms':>13}")
+    for stage in (*STAGES, TOTAL_STAGE):
+        try:
+            t = rec.timing(stage)
+        except KeyError:
+            continue
+        print(f"{stage:<14}{t.server_us / 1000:>11.3f}{t.observed_us / 1000:>13.3f}")
+    print(f"{'client':<14}{'':>11}{client_us / 1000:>13.3f}")
+    return 0

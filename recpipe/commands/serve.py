@@ -92,11 +92,22 @@ def _run_one(args: argparse.Namespace) -> int:
     return 0
 
 
+def allocate_ports(host: str, base: int, metrics_flag: int | None) -> tuple[dict[str, int], dict[str, int | None]]:
+    """gRPC and metrics ports per stage for --stage all: gateway ``base``, the others the next three;
+    ``base`` 0 picks free ports. Metrics: gRPC port + 1000, or from ``metrics_flag`` (0 free, -1 off)."""
+    from recpipe.serving.supervisor import free_port
+
+    ports = {s: (base + i if base else free_port(host)) for i, s in enumerate(PORT_ORDER)}
+    if metrics_flag == 0 or (metrics_flag is None and not base):
+        return ports, {s: free_port(host) for s in PORT_ORDER}
+    return ports, {s: _metrics_port(metrics_flag, ports[s], i) for i, s in enumerate(PORT_ORDER)}
+
+
 def _run_all(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from recpipe.serving.supervisor import Supervisor, free_port
+    from recpipe.serving.supervisor import Supervisor
 
     for s in ("features", "retrieval", "ranking"):
         if getattr(args, f"target_{s}"):
@@ -105,11 +116,11 @@ def _run_all(args: argparse.Namespace) -> int:
         if not Path(path).is_dir():
             raise UsageError(f"{what} {path}: no such directory")
     base = DEFAULT_PORTS["gateway"] if args.port is None else args.port
-    ports = {s: (base + i if base else free_port(args.host)) for i, s in enumerate(PORT_ORDER)}
-    metrics = {s: _metrics_port(args.metrics_port, ports[s], i) for i, s in enumerate(PORT_ORDER)}
-    if args.metrics_port == 0 or (args.metrics_port is None and not base):
-        metrics = {s: free_port(args.host) for s in PORT_ORDER}
-    stages = supervised_stages(args, ports, metrics)
+    ports, metrics = allocate_ports(args.host, base, args.metrics_port)
+    stages = supervised_stages(
+        models=args.models, data=args.data, host=args.host, ports=ports, metrics=metrics, device=args.device,
+        threads=args.threads, workers=args.workers, grace=args.grace, log_level=args.log_level,
+    )
     supervisor = Supervisor(stages, startup_timeout_s=args.startup_timeout, grace_s=args.grace)
 
     stop = threading.Event()
@@ -122,27 +133,26 @@ def _run_all(args: argparse.Namespace) -> int:
         print(f"  {spec.name:<10} {spec.address}  pid {supervisor.pid(spec.name)}{m}")
     sys.stdout.flush()
     supervisor.run(stop)
-    print("recpipe: all stages stopped")
+    print("recpipe: all stages stopped", flush=True)
     return 0
 
 
 def supervised_stages(
-    args: argparse.Namespace, ports: dict[str, int], metrics: dict[str, int | None]
+    *, models: Path, data: Path, host: str, ports: dict[str, int], metrics: dict[str, int | None],
+    device: str = "auto", threads: int = 0, workers: int = 0, grace: float = 5.0, log_level: str = "WARNING",
 ) -> list[StageProcess]:
     """One ``StageProcess`` per stage: ``python -m recpipe serve --stage NAME`` with explicit ports, so
     a restarted stage comes back where the gateway expects it."""
     from recpipe.serving.supervisor import StageProcess
 
-    host = args.host
     connect = "127.0.0.1" if host in ("0.0.0.0", "") else ("[::1]" if host == "::" else host)
     specs = []
     for name in ("features", "retrieval", "ranking", "gateway"):
         argv = [
-            sys.executable, "-m", "recpipe", "--log-level", args.log_level, "serve", "--stage", name,
-            "--models", str(args.models), "--data", str(args.data), "--host", host, "--port", str(ports[name]),
+            sys.executable, "-m", "recpipe", "--log-level", log_level, "serve", "--stage", name,
+            "--models", str(models), "--data", str(data), "--host", host, "--port", str(ports[name]),
             "--metrics-port", str(-1 if metrics[name] is None else metrics[name]),
-            "--device", args.device, "--threads", str(args.threads), "--workers", str(args.workers),
-            "--grace", str(args.grace),
+            "--device", device, "--threads", str(threads), "--workers", str(workers), "--grace", str(grace),
         ]
         if name == "gateway":
             for s in ("features", "retrieval", "ranking"):

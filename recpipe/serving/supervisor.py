@@ -84,10 +84,14 @@ class Supervisor:
 
     # --- life cycle --------------------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Start every stage and wait until all are SERVING; on failure stop them all and raise."""
+    def launch(self) -> None:
+        """Start every stage process without waiting (``wait_serving`` waits)."""
         for child in self.children.values():
             self._spawn(child)
+
+    def start(self) -> None:
+        """Start every stage and wait until all are SERVING; on failure stop them all and raise."""
+        self.launch()
         try:
             self.wait_serving(timeout_s=self.startup_timeout_s, during_startup=True)
         except BaseException:

@@ -1,0 +1,95 @@
+"""Python client of the Recommend gateway (what ``recpipe recommend`` uses).
+
+    with RecommendClient("127.0.0.1:50051") as client:
+        rec = client.recommend(user_id=42, num_candidates=500, num_results=10)
+        rec.item_ids, rec.scores, rec.timing("rank").server_us
+
+Errors come back as recpipe's domain errors: ``UnknownUser`` (NOT_FOUND), ``BadRequest``
+(INVALID_ARGUMENT), ``StageUnavailable`` (UNAVAILABLE, naming the stage or the gateway),
+``DeadlineExceeded``; see ``recpipe.serving.status``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from types import TracebackType
+
+import grpc
+import numpy as np
+
+from recpipe.config import DEFAULT_HOST, DEFAULT_PORTS
+from recpipe.gateway.chain import Recommendation, StageTiming
+from recpipe.serving.channels import make_blocking_channel
+from recpipe.serving.stage import StageInfo
+from recpipe.serving.status import error_for
+from recpipe.v1 import info_pb2, info_pb2_grpc, recommend_pb2, recommend_pb2_grpc
+
+DEFAULT_TARGET = f"{DEFAULT_HOST}:{DEFAULT_PORTS['gateway']}"
+
+
+class RecommendClient:
+    """A blocking client over one channel; ``timeout`` (seconds) is the default per-call deadline."""
+
+    def __init__(self, target: str = DEFAULT_TARGET, timeout: float | None = 10.0) -> None:
+        self.target = target
+        self.timeout = timeout
+        self._channel = make_blocking_channel(target)
+        self._stub = recommend_pb2_grpc.RecommendServiceStub(self._channel)
+        self._info = info_pb2_grpc.InfoServiceStub(self._channel)
+
+    def recommend(
+        self, user_id: int, num_candidates: int = 0, num_results: int = 0, timeout: float | None = None
+    ) -> Recommendation:
+        request = recommend_pb2.RecommendRequest(
+            user_id=user_id, num_candidates=num_candidates, num_results=num_results
+        )
+        try:
+            reply = self._stub.Recommend(request, timeout=timeout or self.timeout)
+        except grpc.RpcError as e:
+            raise self._error(e) from None
+        return Recommendation(
+            item_ids=np.array(reply.item_ids, dtype=np.int64),
+            scores=np.array(reply.scores, dtype=np.float32),
+            timings=tuple(StageTiming(t.stage, t.server_us, t.observed_us) for t in reply.timings),
+            model_version=reply.model_version,
+        )
+
+    def info(self, timeout: float | None = None) -> StageInfo:
+        """What the server at ``target`` says about itself (any recpipe server answers this)."""
+        try:
+            i = self._info.GetInfo(info_pb2.GetInfoRequest(), timeout=timeout or self.timeout)
+        except grpc.RpcError as e:
+            raise self._error(e) from None
+        return StageInfo(i.stage, i.device, i.model_version, i.threads, dict(i.details))
+
+    def _error(self, e: grpc.RpcError) -> Exception:
+        code = e.code()  # type: ignore[attr-defined]
+        details = e.details() or code.name  # type: ignore[attr-defined]
+        if code == grpc.StatusCode.UNAVAILABLE and "unavailable at" not in details:
+            return error_for(code, f"gateway unavailable at {self.target}: {details}")
+        return error_for(code, details)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> RecommendClient:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def run_sequential(
+    client: RecommendClient, user_ids: Sequence[int], num_candidates: int = 0, num_results: int = 0
+) -> tuple[list[Recommendation], list[int]]:
+    """One query per user id, one after another; returns the answers and client-observed µs each."""
+    recs: list[Recommendation] = []
+    client_us: list[int] = []
+    for user_id in user_ids:
+        start = time.perf_counter_ns()
+        recs.append(client.recommend(int(user_id), num_candidates, num_results))
+        client_us.append((time.perf_counter_ns() - start) // 1000)
+    return recs, client_us
