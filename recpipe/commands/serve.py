@@ -84,7 +84,7 @@ def _run_one(args: argparse.Namespace) -> int:
     port = DEFAULT_PORTS[args.stage] if args.port is None else args.port
     targets = {}
     if args.stage == "gateway":
-        targets = default_targets(args.host)
+        targets = default_targets(_connect_host(args.host))
         for s in targets:
             targets[s] = getattr(args, f"target_{s}") or targets[s]
     cfg = stage_config(args, args.stage, port, _metrics_port(args.metrics_port, port, 0), targets)
@@ -137,6 +137,11 @@ def _run_all(args: argparse.Namespace) -> int:
     return 0
 
 
+def _connect_host(host: str) -> str:
+    """Where to reach a server bound to ``host`` from this machine (a wildcard is not a destination)."""
+    return "127.0.0.1" if host in ("0.0.0.0", "") else ("[::1]" if host == "::" else host)
+
+
 def supervised_stages(
     *, models: Path, data: Path, host: str, ports: dict[str, int], metrics: dict[str, int | None],
     device: str = "auto", threads: int = 0, workers: int = 0, grace: float = 5.0, log_level: str = "WARNING",
@@ -145,7 +150,7 @@ def supervised_stages(
     a restarted stage comes back where the gateway expects it."""
     from recpipe.serving.supervisor import StageProcess
 
-    connect = "127.0.0.1" if host in ("0.0.0.0", "") else ("[::1]" if host == "::" else host)
+    connect = _connect_host(host)
     specs = []
     for name in ("features", "retrieval", "ranking", "gateway"):
         argv = [
