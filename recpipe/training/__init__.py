@@ -1,0 +1,1 @@
+"""Training: the time split, training loops, metrics and the model-repository writer."""

@@ -1,0 +1,241 @@
+"""The feature-augmentation core: encoded user/item rows and history aggregates, gathered by position.
+
+At load time the users and items tables are encoded whole with the fitted preprocessing (the same
+Polars expressions training used) and the history counts are computed from the training split; a
+request is then a handful of numpy gathers. Training builds its examples through the same object
+(``user_dense_rows`` / ``item_dense_rows`` with the rows' own labels for leave-one-out), so one code
+path serves a request and builds the training set.
+
+Shapes: ``UserFeatures.dense`` (Du,) = 40 encoded continuous + 3 user aggregates; ``sparse`` (44,);
+``recent_items`` (H,). ``ItemFeatures.dense`` (k, Di) = 20 encoded continuous + 2 item aggregates +
+4 cross features; ``sparse`` (k, 16).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from recpipe import schema
+from recpipe.errors import ArtifactMismatch, BadRequest, UnknownUser
+from recpipe.features import history as hist
+from recpipe.preprocess import Preprocessor
+from recpipe.types import ItemFeatures, UserFeatures
+
+log = logging.getLogger(__name__)
+
+USER_CATEGORY_COLUMN = "u_cat_11"  # preferred leaf category
+ITEM_CATEGORY_COLUMN = "i_cat_00"  # leaf category
+CONFIG_FILE = "features/config.json"
+PREPROCESS_FILES = {
+    "stats": "preprocess/stats.json",
+    "users": "preprocess/vocab_users.parquet",
+    "items": "preprocess/vocab_items.parquet",
+}
+
+
+@dataclass(frozen=True)
+class FeatureConfig:
+    history_len: int = 20
+    num_categories: int = 0
+
+    def __post_init__(self) -> None:
+        if self.history_len < 0:
+            raise ValueError("history_len must be >= 0")
+
+
+def _check_ids(frame: pl.DataFrame, column: str, path: str) -> None:
+    ids = frame[column].to_numpy()
+    if not np.array_equal(ids, np.arange(ids.shape[0])):
+        raise ArtifactMismatch(f"{path}: {column} must be 0..n-1 in row order")
+
+
+def load_preprocessor(repo: Any) -> Preprocessor:
+    """The fitted preprocessing from an opened ``Repository`` (verified files)."""
+    return Preprocessor.load(
+        repo.file(PREPROCESS_FILES["stats"]),
+        {"users": repo.file(PREPROCESS_FILES["users"]), "items": repo.file(PREPROCESS_FILES["items"])},
+    )
+
+
+def read_tables(data_dir: Path) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """users, items, interactions from a dataset directory (a missing/unreadable file names itself)."""
+    frames = []
+    for table in schema.TABLES:
+        path = Path(data_dir) / schema.TABLE_FILES[table.name]
+        try:
+            frame = pl.read_parquet(path)
+        except FileNotFoundError:
+            raise ArtifactMismatch(f"{path}: dataset file is missing") from None
+        except Exception as e:
+            raise ArtifactMismatch(f"{path}: unreadable Parquet ({e})") from None
+        missing = [c for c in table.column_names if c not in frame.columns]
+        if missing:
+            raise ArtifactMismatch(f"{path}: missing columns {missing[:5]}")
+        frames.append(frame)
+    return frames[0], frames[1], frames[2]
+
+
+class FeatureCore:
+    """Encoded users/items + history, gathered per request or per training batch."""
+
+    def __init__(
+        self,
+        preprocessor: Preprocessor,
+        users: pl.DataFrame,
+        items: pl.DataFrame,
+        train: pl.DataFrame,
+        config: FeatureConfig,
+        model_version: str = "",
+    ) -> None:
+        _check_ids(users, "user_id", schema.TABLE_FILES["users"])
+        _check_ids(items, "item_id", schema.TABLE_FILES["items"])
+        self.preprocessor = preprocessor
+        self.model_version = model_version
+        self.num_users = users.height
+        self.num_items = items.height
+        self.history_len = config.history_len
+        user_cat = users[USER_CATEGORY_COLUMN].fill_null(0).to_numpy().astype(np.int64)
+        item_cat = items[ITEM_CATEGORY_COLUMN].fill_null(0).to_numpy().astype(np.int64)
+        num_categories = config.num_categories or int(max(user_cat.max(initial=0), item_cat.max(initial=0)) + 1)
+        if user_cat.max(initial=0) >= num_categories or item_cat.max(initial=0) >= num_categories:
+            raise ArtifactMismatch(f"{CONFIG_FILE}: num_categories {num_categories} is below the data's category ids")
+        self.config = FeatureConfig(config.history_len, num_categories)
+        self.user_category = user_cat
+        self.item_category = item_cat
+
+        enc_users = preprocessor.encode("users", users)
+        enc_items = preprocessor.encode("items", items)
+        self.user_continuous = enc_users.dense
+        self.user_sparse = enc_users.sparse
+        self.item_continuous = enc_items.dense
+        self.item_sparse = enc_items.sparse
+        self.history = hist.History.compute(train, item_cat, self.num_users, config.history_len, num_categories)
+        prior = self.history.ctr_prior
+        h = self.history
+        # Serving rows: everything that depends on the user or the item alone, computed once.
+        self.user_dense = np.ascontiguousarray(
+            np.concatenate([self.user_continuous, hist.user_aggregates(h.user_impressions, h.user_clicks, prior)], 1)
+        )
+        self.item_base = np.ascontiguousarray(
+            np.concatenate([self.item_continuous, hist.item_aggregates(h.item_impressions, h.item_clicks, prior)], 1)
+        )
+        self.user_dense_dim = int(self.user_dense.shape[1])
+        self.item_base_dim = int(self.item_base.shape[1])
+        self.item_dense_dim = self.item_base_dim + len(hist.CROSS_FEATURES)
+
+    # ---- construction ------------------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, models_dir: Path, data_dir: Path, threads: int | None = None) -> FeatureCore:
+        """Load the preprocessing from ``models_dir`` and encode the dataset in ``data_dir``.
+
+        Polars' thread pool is sized when Polars is first imported: set ``POLARS_MAX_THREADS`` in the
+        process environment before that; ``threads`` here is checked against it and logged.
+        """
+        from recpipe.repository import Repository, verify_data_files
+        from recpipe.training.split import split_by_time
+
+        if threads is not None and threads != pl.thread_pool_size():
+            log.warning("Polars uses %d threads (set POLARS_MAX_THREADS=%d before start-up to change it)",
+                        pl.thread_pool_size(), threads)
+        repo = Repository.open(Path(models_dir))
+        data_manifest = repo.check_dataset(Path(data_dir))
+        verify_data_files(Path(data_dir), data_manifest,
+                          [schema.TABLE_FILES[t.name] for t in schema.TABLES if schema.TABLE_FILES[t.name]
+                           in data_manifest["sha256"]])
+        preprocessor = load_preprocessor(repo)
+        raw = repo.json(CONFIG_FILE)
+        try:
+            config = FeatureConfig(int(raw["history_len"]), int(raw["num_categories"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ArtifactMismatch(f"{repo.root / CONFIG_FILE}: malformed ({e!r})") from None
+        users, items, interactions = read_tables(Path(data_dir))
+        train, _ = split_by_time(interactions)
+        core = cls(preprocessor, users, items, train, config, repo.version)
+        shapes = repo.section("shapes")
+        for key, have in (("num_users", core.num_users), ("num_items", core.num_items),
+                          ("user_dense_dim", core.user_dense_dim), ("item_dense_dim", core.item_dense_dim)):
+            if int(shapes.get(key, -1)) != have:
+                raise ArtifactMismatch(
+                    f"{repo.root / 'manifest.json'}: shapes.{key} = {shapes.get(key)} but the data gives {have}"
+                )
+        return core
+
+    def describe(self) -> dict[str, Any]:
+        return {"num_users": self.num_users, "num_items": self.num_items, "user_dense_dim": self.user_dense_dim,
+                "item_dense_dim": self.item_dense_dim, "history_len": self.history_len,
+                "num_categories": self.config.num_categories}
+
+    # ---- requests ----------------------------------------------------------------------------------
+
+    def check_user(self, user_id: int) -> int:
+        if isinstance(user_id, bool) or not isinstance(user_id, int | np.integer):
+            raise BadRequest(f"user_id must be an integer, got {type(user_id).__name__}")
+        uid = int(user_id)
+        if not 0 <= uid < self.num_users:
+            raise UnknownUser(f"unknown user {uid} (valid ids are 0..{self.num_users - 1})")
+        return uid
+
+    def check_items(self, item_ids: np.ndarray) -> np.ndarray:
+        arr = np.asarray(item_ids)
+        if arr.ndim != 1:
+            raise BadRequest(f"item_ids must be 1-D, got shape {list(arr.shape)}")
+        if arr.dtype.kind not in "iu":
+            raise BadRequest(f"item_ids must be integers, got {arr.dtype}")
+        if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= self.num_items):
+            bad = int(arr[(arr < 0) | (arr >= self.num_items)][0])
+            raise BadRequest(f"item id {bad} out of range (valid ids are 0..{self.num_items - 1})")
+        return arr.astype(np.int64, copy=False)
+
+    def augment_user(self, user_id: int) -> UserFeatures:
+        uid = self.check_user(user_id)
+        return UserFeatures(
+            user_id=uid,
+            dense=self.user_dense[uid].copy(),
+            sparse=self.user_sparse[uid].copy(),
+            recent_items=self.history.recent[uid].copy(),
+        )
+
+    def augment_items(self, user_id: int, item_ids: np.ndarray) -> ItemFeatures:
+        uid = self.check_user(user_id)
+        ids = self.check_items(item_ids)
+        users = np.full(ids.shape[0], uid, dtype=np.int64)
+        return ItemFeatures(item_ids=ids.copy(), dense=self.item_dense_rows(users, ids), sparse=self.item_sparse[ids])
+
+    # ---- bulk gathers (requests and training examples alike) ---------------------------------------
+
+    def user_dense_rows(self, user_ids: np.ndarray, own_labels: np.ndarray | None = None) -> np.ndarray:
+        """(n, Du) user dense rows; with ``own_labels`` each row's aggregates leave that interaction out."""
+        if own_labels is None:
+            return self.user_dense[user_ids]
+        h = self.history
+        agg = hist.user_aggregates(h.user_impressions[user_ids] - 1, h.user_clicks[user_ids] - own_labels, h.ctr_prior)
+        return np.concatenate([self.user_continuous[user_ids], agg], axis=1)
+
+    def item_base_rows(self, item_ids: np.ndarray, own_labels: np.ndarray | None = None) -> np.ndarray:
+        """(n, Di - 4) user-independent item rows (encoded continuous + item aggregates), as the item tower sees them."""
+        if own_labels is None:
+            return self.item_base[item_ids]
+        h = self.history
+        agg = hist.item_aggregates(h.item_impressions[item_ids] - 1, h.item_clicks[item_ids] - own_labels, h.ctr_prior)
+        return np.concatenate([self.item_continuous[item_ids], agg], axis=1)
+
+    def item_dense_rows(
+        self, user_ids: np.ndarray, item_ids: np.ndarray, own_labels: np.ndarray | None = None
+    ) -> np.ndarray:
+        """(n, Di) item rows + user x item cross features for paired (user, item) arrays."""
+        h = self.history
+        cats = self.item_category[item_ids]
+        imp, clk = h.user_category_counts(user_ids, cats)
+        if own_labels is not None:
+            imp = imp - 1
+            clk = clk - own_labels
+        match = self.user_category[user_ids] == cats
+        cross = hist.cross_features(imp, clk, match, h.ctr_prior)
+        return np.concatenate([self.item_base_rows(item_ids, own_labels), cross], axis=1)

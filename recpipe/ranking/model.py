@@ -1,0 +1,150 @@
+"""DLRM built from small modules, after torchrec's ``models/dlrm.py``.
+
+    dense (B, Dd) --DenseArch--> (B, D) ─┐
+                                          ├─ InteractionArch -> (B, D + F'(F'-1)/2), F' = F + 1
+    sparse (B, F) --SparseArch--> (B, F, D)┘                     └─ OverArch -> (B,) click logits
+
+SparseArch does ONE lookup over all F tables concatenated in one weight (per-table offsets);
+``NaiveSparseArch`` is the textbook form (one EmbeddingBag per table) kept for ``recpipe bench ranking``.
+
+Example::
+
+    cfg = DLRMConfig(dense_dim=69, table_sizes=(10,) * 60)
+    logits = DLRM(cfg)(torch.randn(4, 69), torch.zeros(4, 60, dtype=torch.long))   # (4,)
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from recpipe.errors import ArtifactMismatch
+from recpipe.retrieval.model import FusedEmbedding, mlp
+
+
+@dataclass(frozen=True)
+class DLRMConfig:
+    dense_dim: int
+    table_sizes: tuple[int, ...]
+    embedding_dim: int = 16
+    bottom_dims: tuple[int, ...] = (128, 64)
+    top_dims: tuple[int, ...] = (128, 64)
+
+    def __post_init__(self) -> None:
+        if not self.table_sizes or min(self.table_sizes) < 1:
+            raise ValueError("DLRM needs at least one table, each with at least one row")
+        if self.dense_dim < 1 or self.embedding_dim < 1:
+            raise ValueError("dense_dim and embedding_dim must be >= 1")
+
+    @property
+    def num_tables(self) -> int:
+        return len(self.table_sizes)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], source: str = "config") -> DLRMConfig:
+        try:
+            return cls(
+                dense_dim=int(data["dense_dim"]),
+                table_sizes=tuple(int(x) for x in data["table_sizes"]),
+                embedding_dim=int(data["embedding_dim"]),
+                bottom_dims=tuple(int(x) for x in data["bottom_dims"]),
+                top_dims=tuple(int(x) for x in data["top_dims"]),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ArtifactMismatch(f"{source}: malformed DLRM config ({e!r})") from None
+
+
+class DenseArch(nn.Module):
+    """Bottom MLP: (B, Dd) -> (B, D)."""
+
+    def __init__(self, dense_dim: int, hidden: tuple[int, ...], out_dim: int) -> None:
+        super().__init__()
+        self.model = mlp([dense_dim, *hidden, out_dim], final_activation=True)
+
+    def forward(self, dense: torch.Tensor) -> torch.Tensor:
+        return self.model(dense)
+
+
+class SparseArch(nn.Module):
+    """(B, F) local ids -> (B, F, D) with one fused lookup over the F tables."""
+
+    def __init__(self, table_sizes: tuple[int, ...], dim: int) -> None:
+        super().__init__()
+        self.tables = FusedEmbedding(table_sizes, dim)
+
+    def forward(self, sparse: torch.Tensor) -> torch.Tensor:
+        return self.tables(sparse)
+
+
+class NaiveSparseArch(nn.Module):
+    """(B, F) -> (B, F, D) with one ``nn.EmbeddingBag`` call per table (the baseline in the bench)."""
+
+    def __init__(self, table_sizes: tuple[int, ...], dim: int) -> None:
+        super().__init__()
+        self.bags = nn.ModuleList(nn.EmbeddingBag(n, dim, mode="sum") for n in table_sizes)
+
+    @classmethod
+    def from_fused(cls, fused: SparseArch) -> NaiveSparseArch:
+        """Same weights as ``fused``, split into per-table bags (outputs are identical)."""
+        sizes = tuple(int(b) for b in torch.diff(torch.cat([fused.tables.offsets,
+                                                             torch.tensor([fused.tables.weight.shape[0]])])))
+        naive = cls(sizes, int(fused.tables.weight.shape[1]))
+        with torch.no_grad():
+            for bag, chunk in zip(naive.bags, torch.split(fused.tables.weight, list(sizes)), strict=True):
+                bag.weight.copy_(chunk)  # type: ignore[operator]
+        return naive
+
+    def forward(self, sparse: torch.Tensor) -> torch.Tensor:
+        return torch.stack([bag(sparse[:, t : t + 1]) for t, bag in enumerate(self.bags)], dim=1)
+
+
+class InteractionArch(nn.Module):
+    """Pairwise dots: dense (B, D) + sparse (B, F, D) -> (B, D + (F+1)F/2), the upper triangle."""
+
+    flat: torch.Tensor
+
+    def __init__(self, num_sparse: int) -> None:
+        super().__init__()
+        n = num_sparse + 1
+        rows, cols = torch.triu_indices(n, n, offset=1)
+        # one flat index_select is much cheaper (forward and backward) than indexing with two tensors
+        self.register_buffer("flat", rows * n + cols, persistent=False)
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        x = torch.cat([dense.unsqueeze(1), sparse], dim=1)  # (B, F+1, D)
+        dots = torch.bmm(x, x.transpose(1, 2))  # (B, F+1, F+1)
+        return torch.cat([dense, dots.flatten(1).index_select(1, self.flat)], dim=1)
+
+
+class OverArch(nn.Module):
+    """Top MLP: (B, in) -> (B,) logits."""
+
+    def __init__(self, in_dim: int, hidden: tuple[int, ...]) -> None:
+        super().__init__()
+        self.model = mlp([in_dim, *hidden, 1], final_activation=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x).squeeze(-1)
+
+
+class DLRM(nn.Module):
+    """dense (B, Dd) float32, sparse (B, F) int64 local ids -> (B,) click logits."""
+
+    def __init__(self, config: DLRMConfig) -> None:
+        super().__init__()
+        self.config = config
+        d = config.embedding_dim
+        f = config.num_tables
+        self.dense_arch = DenseArch(config.dense_dim, config.bottom_dims, d)
+        self.sparse_arch: nn.Module = SparseArch(config.table_sizes, d)
+        self.interaction = InteractionArch(f)
+        self.over_arch = OverArch(d + (f + 1) * f // 2, config.top_dims)
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        return self.over_arch(self.interaction(self.dense_arch(dense), self.sparse_arch(sparse)))

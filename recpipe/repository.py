@@ -1,0 +1,163 @@
+"""The model repository: ``MODELS_DIR/manifest.json`` lists every artifact with its sha256.
+
+``write_manifest`` seals a directory written by training; ``Repository.open`` reads it back and
+hands out verified paths (``repo.file(name)`` checks the checksum before anyone reads the file), so a
+corrupt, missing or foreign artifact raises ``ArtifactMismatch`` naming the file instead of failing
+somewhere inside torch or faiss. The dataset a repository was trained on is identified by
+``dataset_sha256``, a hash over the data manifest's per-file checksums.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from recpipe.errors import ArtifactMismatch
+
+MANIFEST = "manifest.json"
+DATA_MANIFEST = "manifest.json"
+REPOSITORY_FORMAT = 1
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """Read a JSON object; a missing or malformed file is an ``ArtifactMismatch`` naming it."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ArtifactMismatch(f"{path}: file is missing") from None
+    except (OSError, ValueError) as e:
+        raise ArtifactMismatch(f"{path}: unreadable JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ArtifactMismatch(f"{path}: expected a JSON object")
+    return data
+
+
+def write_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def read_data_manifest(data_dir: Path) -> dict[str, Any]:
+    path = Path(data_dir) / DATA_MANIFEST
+    if not path.exists():
+        raise ArtifactMismatch(f"{path}: dataset manifest is missing (is {data_dir} a `recpipe synth-data` output?)")
+    manifest = read_json(path)
+    if not isinstance(manifest.get("sha256"), dict) or not manifest["sha256"]:
+        raise ArtifactMismatch(f"{path}: has no per-file 'sha256' map")
+    return manifest
+
+
+def dataset_sha256(data_manifest: dict[str, Any]) -> str:
+    """Identity of a dataset: sha256 over its files' checksums (names sorted)."""
+    files = data_manifest["sha256"]
+    canon = json.dumps({str(k): str(v) for k, v in sorted(files.items())}, sort_keys=True)
+    return hashlib.sha256(canon.encode()).hexdigest()
+
+
+def verify_data_files(data_dir: Path, data_manifest: dict[str, Any], names: list[str] | None = None) -> None:
+    """Check the dataset files (all, or ``names``) against the checksums in the data manifest."""
+    files: dict[str, str] = data_manifest["sha256"]
+    for name in names if names is not None else sorted(files):
+        path = Path(data_dir) / name
+        if name not in files:
+            raise ArtifactMismatch(f"{path}: not listed in {Path(data_dir) / DATA_MANIFEST}")
+        if not path.exists():
+            raise ArtifactMismatch(f"{path}: dataset file is missing")
+        if sha256_file(path) != files[name]:
+            raise ArtifactMismatch(f"{path}: sha256 does not match the dataset manifest (file changed or corrupt)")
+
+
+def write_manifest(root: Path, content: dict[str, Any]) -> dict[str, Any]:
+    """Checksum every file under ``root`` and write ``root/manifest.json`` = ``content`` + files + version.
+
+    ``version`` is a short hash over the artifacts' checksums: same artifacts, same version.
+    """
+    root = Path(root)
+    files: dict[str, dict[str, Any]] = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST):
+        rel = path.relative_to(root).as_posix()
+        files[rel] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+    version = hashlib.sha256(
+        json.dumps({k: v["sha256"] for k, v in files.items()}, sort_keys=True).encode()
+    ).hexdigest()[:12]
+    manifest = {**content, "format": REPOSITORY_FORMAT, "files": files, "version": version}
+    write_json(root / MANIFEST, manifest)
+    return manifest
+
+
+@dataclass
+class Repository:
+    """An opened model repository. ``file(name)`` returns a verified path; ``section(key)`` a manifest part."""
+
+    root: Path
+    manifest: dict[str, Any]
+    _verified: set[str] = field(default_factory=set)
+
+    @classmethod
+    def open(cls, root: Path) -> Repository:
+        root = Path(root)
+        path = root / MANIFEST
+        if not path.exists():
+            raise ArtifactMismatch(f"{path}: model repository manifest is missing (run `recpipe train --out {root}`)")
+        manifest = read_json(path)
+        for key in ("files", "version", "dataset_sha256"):
+            if key not in manifest:
+                raise ArtifactMismatch(f"{path}: manifest has no {key!r}")
+        if manifest.get("format") != REPOSITORY_FORMAT:
+            raise ArtifactMismatch(f"{path}: unsupported repository format {manifest.get('format')!r}")
+        return cls(root, manifest)
+
+    @property
+    def version(self) -> str:
+        return str(self.manifest["version"])
+
+    @property
+    def dataset_sha256(self) -> str:
+        return str(self.manifest["dataset_sha256"])
+
+    def section(self, key: str) -> dict[str, Any]:
+        value = self.manifest.get(key)
+        if not isinstance(value, dict):
+            raise ArtifactMismatch(f"{self.root / MANIFEST}: manifest has no {key!r} section")
+        return value
+
+    def file(self, name: str) -> Path:
+        """Path of artifact ``name`` after checking it exists and matches its recorded sha256."""
+        path = self.root / name
+        entry = self.manifest["files"].get(name)
+        if entry is None:
+            raise ArtifactMismatch(f"{path}: not listed in {self.root / MANIFEST}")
+        if name in self._verified:
+            return path
+        if not path.exists():
+            raise ArtifactMismatch(f"{path}: artifact is missing")
+        if path.stat().st_size != entry.get("bytes") or sha256_file(path) != entry.get("sha256"):
+            raise ArtifactMismatch(f"{path}: sha256 does not match {self.root / MANIFEST} (file changed or corrupt)")
+        self._verified.add(name)
+        return path
+
+    def json(self, name: str) -> dict[str, Any]:
+        return read_json(self.file(name))
+
+    def check_dataset(self, data_dir: Path) -> dict[str, Any]:
+        """The data dir's manifest must be the dataset this repository was trained on."""
+        data_manifest = read_data_manifest(data_dir)
+        if dataset_sha256(data_manifest) != self.dataset_sha256:
+            raise ArtifactMismatch(
+                f"{Path(data_dir) / DATA_MANIFEST}: dataset does not match the one the models in {self.root} "
+                f"were trained on (dataset_sha256 {dataset_sha256(data_manifest)[:12]} != {self.dataset_sha256[:12]})"
+            )
+        return data_manifest

@@ -1,0 +1,49 @@
+"""Training settings, built once from the command line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+INDEX_CHOICES = ("auto", "flat", "ivf", "hnsw")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything ``recpipe train`` decides. ``epochs`` applies to both models."""
+
+    epochs: int = 2
+    seed: int = 0
+    device: str = "auto"
+    index: str = "auto"
+    history_len: int = 20
+    max_vocab: int = 50_000
+    embedding_dim: int = 16
+    retrieval_dim: int = 64
+    temperature: float = 0.05
+    retrieval_batch: int = 1024
+    retrieval_lr: float = 2e-3
+    ranking_batch: int = 4096
+    ranking_lr: float = 2e-3
+    #: negatives kept per positive for DLRM training (the rest are dropped, the kept ones up-weighted)
+    negatives_per_positive: float = 3.0
+    #: cap on DLRM training rows per epoch (uniform subsample beyond it), for the time budget
+    max_ranking_rows: int = 1_200_000
+    #: held-out rows scored for ranking_auc (uniform subsample beyond it)
+    max_eval_rows: int = 200_000
+    #: users sampled for the recall@500 metrics and for tuning the index
+    eval_users: int = 2000
+    index_queries: int = 500
+    index_recall_target: float = 0.95
+    progress: bool = False
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1:
+            raise ValueError("epochs must be >= 1")
+        if self.index not in INDEX_CHOICES:
+            raise ValueError(f"index must be one of {', '.join(INDEX_CHOICES)}")
+        if self.seed < 0:
+            raise ValueError("seed must be >= 0")
+        if self.history_len < 0 or self.max_vocab < 2:
+            raise ValueError("history_len must be >= 0 and max_vocab >= 2")
+        if not 0 < self.index_recall_target <= 1:
+            raise ValueError("index_recall_target must be in (0, 1]")

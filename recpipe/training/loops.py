@@ -1,0 +1,208 @@
+"""Training loops for the two-tower and DLRM models, fed by ``FeatureCore`` gathers.
+
+Every batch is built by the same ``FeatureCore`` methods that serve requests, with the rows' own
+labels passed for leave-one-out aggregates. On CUDA the loops run under bf16 autocast with TF32
+matmuls; on CPU in float32.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from recpipe.features.core import FeatureCore
+from recpipe.ranking.model import DLRM, DLRMConfig
+from recpipe.retrieval.model import TwoTower, TwoTowerConfig
+from recpipe.training.config import TrainConfig
+from recpipe.training.progress import Progress, batches
+
+log = logging.getLogger(__name__)
+
+
+def autocast(device: torch.device) -> contextlib.AbstractContextManager[object]:
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _t(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(array)).to(device, non_blocking=True)
+
+
+# ---- two-tower ----------------------------------------------------------------------------------------
+
+
+def two_tower_config(core: FeatureCore, cfg: TrainConfig) -> TwoTowerConfig:
+    p = core.preprocessor
+    return TwoTowerConfig(
+        user_dense_dim=core.user_dense_dim,
+        item_dense_dim=core.item_base_dim,
+        user_table_sizes=tuple(p.table_sizes("users")),
+        item_table_sizes=tuple(p.table_sizes("items")),
+        embedding_dim=cfg.embedding_dim,
+        out_dim=cfg.retrieval_dim,
+        temperature=cfg.temperature,
+    )
+
+
+def train_two_tower(
+    core: FeatureCore, users: np.ndarray, items: np.ndarray, cfg: TrainConfig, device: torch.device
+) -> tuple[TwoTower, dict[str, float]]:
+    """Train on clicked (user, item) training pairs with in-batch softmax + logQ correction."""
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    model = TwoTower(two_tower_config(core, cfg)).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.retrieval_lr, fused=True)
+    clicks = np.bincount(items, minlength=core.num_items).astype(np.float64)
+    log_q = _t(np.log(np.maximum(clicks, 1.0) / max(1.0, clicks.sum())).astype(np.float32), device)
+    ones = np.ones(len(users), dtype=np.int64)
+    n = len(users)
+    batch = min(cfg.retrieval_batch, max(2, n))
+    t0 = time.perf_counter()
+    loss_value = float("nan")
+    model.train()
+    with Progress(n * cfg.epochs, "two-tower", cfg.progress) as bar:
+        for _ in range(cfg.epochs):
+            for idx in batches(n, batch, rng):
+                if len(idx) < 2:
+                    continue
+                u, i = users[idx], items[idx]
+                ud = _t(core.user_dense_rows(u, ones[idx]), device)
+                us = _t(core.user_sparse[u], device)
+                idn = _t(core.item_base_rows(i, ones[idx]), device)
+                isp = _t(core.item_sparse[i], device)
+                iid = _t(i, device)
+                with autocast(device):
+                    ue = model.user_tower(ud, us)
+                    ie = model.item_tower(idn, isp)
+                    loss = model.in_batch_loss(ue.float(), ie.float(), iid, log_q[iid])
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                loss_value = float(loss.detach())
+                bar.update(len(idx), loss_value)
+    seconds = time.perf_counter() - t0
+    model.eval()
+    return model, {"loss": loss_value, "seconds": seconds, "rows_per_s": n * cfg.epochs / max(seconds, 1e-9)}
+
+
+def embed_items(model: TwoTower, core: FeatureCore, device: torch.device, batch: int = 16384) -> np.ndarray:
+    """(num_items, D) float32 item embeddings (serving features)."""
+    out = []
+    with torch.inference_mode():
+        for start in range(0, core.num_items, batch):
+            ids = np.arange(start, min(core.num_items, start + batch))
+            with autocast(device):
+                e = model.item_tower(_t(core.item_base_rows(ids), device), _t(core.item_sparse[ids], device))
+            out.append(F.normalize(e.float(), dim=-1).cpu().numpy())
+    return np.concatenate(out).astype(np.float32)
+
+
+def embed_users(model: TwoTower, core: FeatureCore, user_ids: np.ndarray, device: torch.device,
+                batch: int = 16384) -> np.ndarray:
+    """(n, D) float32 user (query) embeddings (serving features)."""
+    out = []
+    with torch.inference_mode():
+        for start in range(0, len(user_ids), batch):
+            ids = user_ids[start : start + batch]
+            with autocast(device):
+                e = model.user_tower(_t(core.user_dense_rows(ids), device), _t(core.user_sparse[ids], device))
+            out.append(F.normalize(e.float(), dim=-1).cpu().numpy())
+    return np.concatenate(out).astype(np.float32) if out else np.zeros((0, model.config.out_dim), np.float32)
+
+
+# ---- DLRM -----------------------------------------------------------------------------------------------
+
+
+def dlrm_config(core: FeatureCore, cfg: TrainConfig) -> DLRMConfig:
+    p = core.preprocessor
+    return DLRMConfig(
+        dense_dim=core.user_dense_dim + core.item_dense_dim,
+        table_sizes=tuple(p.table_sizes("users")) + tuple(p.table_sizes("items")),
+        embedding_dim=cfg.embedding_dim,
+    )
+
+
+def ranking_batch(
+    core: FeatureCore, users: np.ndarray, items: np.ndarray, labels: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """DLRM inputs for paired rows: dense (n, Du + Di) float32, sparse (n, 44 + 16) int64.
+
+    ``labels`` given -> leave-one-out aggregates (training rows); None -> serving features.
+    """
+    dense = np.concatenate([core.user_dense_rows(users, labels), core.item_dense_rows(users, items, labels)], 1)
+    sparse = np.concatenate([core.user_sparse[users], core.item_sparse[items]], 1)
+    return dense, sparse
+
+
+def sample_ranking_rows(labels: np.ndarray, cfg: TrainConfig, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(row indices, per-row loss weights): all positives, a share of negatives up-weighted to compensate."""
+    pos = np.flatnonzero(labels == 1)
+    neg = np.flatnonzero(labels != 1)
+    keep: float = 1.0 if len(neg) == 0 else min(1.0, cfg.negatives_per_positive * max(1, len(pos)) / len(neg))
+    total = len(pos) + keep * len(neg)
+    if total > cfg.max_ranking_rows:
+        shrink = cfg.max_ranking_rows / total
+        pos = rng.choice(pos, int(len(pos) * shrink), replace=False)
+        keep *= shrink
+    neg = rng.choice(neg, round(len(neg) * keep), replace=False) if keep < 1.0 else neg
+    rows = np.concatenate([pos, neg])
+    pos_weight = len(pos) / max(1, int(np.count_nonzero(labels == 1)))
+    weights = np.concatenate([np.full(len(pos), 1.0), np.full(len(neg), pos_weight / max(keep, 1e-9))])
+    return rows, weights.astype(np.float32)
+
+
+def _epochs(rng: np.random.Generator, rows: np.ndarray, batch: int, epochs: int) -> Iterator[np.ndarray]:
+    for _ in range(epochs):
+        yield from batches(len(rows), batch, rng)
+
+
+def train_dlrm(
+    core: FeatureCore, users: np.ndarray, items: np.ndarray, labels: np.ndarray, cfg: TrainConfig,
+    device: torch.device,
+) -> tuple[DLRM, dict[str, float]]:
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed + 1)
+    model = DLRM(dlrm_config(core, cfg)).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.ranking_lr, fused=True)
+    rows, weights = sample_ranking_rows(labels, cfg, rng)
+    t0 = time.perf_counter()
+    loss_value = float("nan")
+    model.train()
+    with Progress(len(rows) * cfg.epochs, "dlrm", cfg.progress) as bar:
+        for idx in _epochs(rng, rows, cfg.ranking_batch, cfg.epochs):
+            r = rows[idx]
+            dense, sparse = ranking_batch(core, users[r], items[r], labels[r])
+            y = _t(labels[r].astype(np.float32), device)
+            w = _t(weights[idx], device)
+            with autocast(device):
+                logits = model(_t(dense, device), _t(sparse, device))
+            loss = (F.binary_cross_entropy_with_logits(logits.float(), y, reduction="none") * w).sum() / w.sum()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            loss_value = float(loss.detach())
+            bar.update(len(idx), loss_value)
+    seconds = time.perf_counter() - t0
+    model.eval()
+    n = len(rows) * cfg.epochs
+    return model, {"loss": loss_value, "seconds": seconds, "rows": float(n), "rows_per_s": n / max(seconds, 1e-9)}
+
+
+def score_dlrm(model: DLRM, core: FeatureCore, users: np.ndarray, items: np.ndarray, device: torch.device,
+               batch: int = 8192) -> np.ndarray:
+    """(n,) click probabilities with serving features (no leave-one-out: these rows are not in the counts)."""
+    out = []
+    with torch.inference_mode():
+        for start in range(0, len(users), batch):
+            dense, sparse = ranking_batch(core, users[start : start + batch], items[start : start + batch], None)
+            with autocast(device):
+                logits = model(_t(dense, device), _t(sparse, device))
+            out.append(torch.sigmoid(logits.float()).cpu().numpy())
+    return np.concatenate(out) if out else np.zeros(0, np.float32)

@@ -1,0 +1,227 @@
+"""``recpipe train`` end to end: split, preprocessing, both models, the index, metrics, the repository.
+
+Everything is written into a temporary directory next to ``out`` and renamed into place at the end,
+so an interrupted run never leaves a half repository (and an existing one is replaced only with
+``force``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import faiss
+import numpy as np
+import polars as pl
+import torch
+from safetensors.torch import save_file
+
+import recpipe
+from recpipe import device as devices
+from recpipe.errors import UsageError
+from recpipe.features.core import CONFIG_FILE, FeatureConfig, FeatureCore, read_tables
+from recpipe.preprocess import PreprocessConfig, Preprocessor
+from recpipe.ranking.files import DLRM_CONFIG_FILE, DLRM_FILE
+from recpipe.repository import (
+    dataset_sha256,
+    read_data_manifest,
+    verify_data_files,
+    write_json,
+    write_manifest,
+)
+from recpipe.retrieval import index as faiss_index
+from recpipe.retrieval.files import (
+    EMBEDDINGS_FILE,
+    INDEX_FILE,
+    INDEX_SPEC_FILE,
+    TWO_TOWER_CONFIG_FILE,
+    TWO_TOWER_FILE,
+)
+from recpipe.training import loops
+from recpipe.training.config import TrainConfig
+from recpipe.training.metrics import auc, recall_at_k
+from recpipe.training.split import split_by_time
+
+log = logging.getLogger(__name__)
+RECALL_K = 500
+
+
+def _prepare_out(out: Path, force: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} exists and is not a directory")
+    if out.exists() and any(out.iterdir()) and not force:
+        raise UsageError(f"--out {out} already holds files; pass --force to replace them")
+    parent = out.parent if str(out.parent) else Path(".")
+    parent.mkdir(parents=True, exist_ok=True)
+    if not os.access(parent, os.W_OK):
+        raise UsageError(f"--out {out}: directory {parent} is not writable")
+
+
+def _swap_into_place(tmp: Path, out: Path) -> None:
+    old: Path | None = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, old)
+    os.replace(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _versions() -> dict[str, str]:
+    return {"recpipe": recpipe.__version__, "torch": torch.__version__, "faiss": faiss.__version__,
+            "polars": pl.__version__, "numpy": np.__version__, "python": platform.python_version()}
+
+
+def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().float().contiguous().cpu() for k, v in model.state_dict().items()}
+
+
+def train(
+    data_dir: Path, out: Path, cfg: TrainConfig, force: bool = False, say: Callable[[str], None] = lambda s: None
+) -> dict[str, Any]:
+    """Train everything on ``data_dir`` and write the model repository to ``out``; returns its manifest."""
+    data_dir, out = Path(data_dir), Path(out)
+    _prepare_out(out, force)
+    t_start = time.perf_counter()
+    timings: dict[str, float] = {}
+
+    def lap(name: str, t0: float) -> float:
+        timings[name] = round(time.perf_counter() - t0, 3)
+        say(f"{name}: {timings[name]:.1f}s")
+        return time.perf_counter()
+
+    t = time.perf_counter()
+    data_manifest = read_data_manifest(data_dir)
+    verify_data_files(data_dir, data_manifest)
+    users, items, interactions = read_tables(data_dir)
+    train_df, holdout = split_by_time(interactions)
+    if train_df.height == 0 or int(train_df["label"].sum()) == 0:
+        raise UsageError(f"--data {data_dir}: the training split has no clicks to learn from")
+    seen_users = train_df["user_id"].unique()
+    seen_items = train_df["item_id"].unique()
+    prep = Preprocessor.fit(
+        users.filter(pl.col("user_id").is_in(seen_users.implode())),
+        items.filter(pl.col("item_id").is_in(seen_items.implode())),
+        PreprocessConfig(cfg.max_vocab),
+    )
+    core = FeatureCore(prep, users, items, train_df, FeatureConfig(cfg.history_len))
+    dev = devices.resolve(cfg.device)
+    if dev.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    t = lap("preprocess", t)
+
+    rng = np.random.default_rng(cfg.seed)
+    clicked = train_df.filter(pl.col("label") == 1)
+    two_tower, tt_stats = loops.train_two_tower(
+        core, clicked["user_id"].to_numpy(), clicked["item_id"].to_numpy(), cfg, dev
+    )
+    item_emb = loops.embed_items(two_tower, core, dev)
+    t = lap("two_tower", t)
+
+    n_q = min(core.num_users, cfg.index_queries)
+    query_users = rng.choice(core.num_users, size=min(core.num_users, 2 * n_q), replace=False)
+    queries = loops.embed_users(two_tower, core, query_users, dev)
+    index, spec, tried = faiss_index.build_tuned(
+        item_emb, queries[:n_q], cfg.index if cfg.index != "auto" else "auto", cfg.index_recall_target, cfg.seed
+    )
+    # recall on queries the tuning did not see
+    check = queries[n_q:] if len(queries) > n_q else queries
+    k100 = min(100, core.num_items)
+    faiss_index.set_search_params(index, spec, k=k100)
+    index_recall = faiss_index.recall(index.search(check, k100)[1], faiss_index.exact_topk(check, item_emb, k100))
+    t = lap("index", t)
+
+    hold_clicked = holdout.filter(pl.col("label") == 1).unique(["user_id", "item_id"])
+    eval_users = hold_clicked["user_id"].unique().sort().to_numpy()
+    if len(eval_users) > cfg.eval_users:
+        eval_users = np.sort(rng.choice(eval_users, cfg.eval_users, replace=False))
+    pairs = hold_clicked.filter(pl.col("user_id").is_in(pl.Series(eval_users).implode()))
+    row_of = np.searchsorted(eval_users, pairs["user_id"].to_numpy())
+    k = min(RECALL_K, core.num_items)
+    faiss_index.set_search_params(index, spec, k=k)
+    retrieved = index.search(loops.embed_users(two_tower, core, eval_users, dev), k)[1] if len(eval_users) else \
+        np.zeros((0, k), np.int64)
+    popular = np.argsort(-core.history.item_clicks, kind="stable")[:k]
+    retrieval_recall = recall_at_k(retrieved, row_of, pairs["item_id"].to_numpy())
+    popularity_recall = recall_at_k(np.broadcast_to(popular, (max(1, len(eval_users)), k)), row_of,
+                                    pairs["item_id"].to_numpy())
+    t = lap("retrieval_eval", t)
+
+    dlrm, dl_stats = loops.train_dlrm(
+        core, train_df["user_id"].to_numpy(), train_df["item_id"].to_numpy(),
+        train_df["label"].to_numpy().astype(np.int64), cfg, dev,
+    )
+    t = lap("dlrm", t)
+    eval_rows = holdout
+    if eval_rows.height > cfg.max_eval_rows:
+        eval_rows = eval_rows.sample(cfg.max_eval_rows, seed=cfg.seed)
+    scores = loops.score_dlrm(dlrm, core, eval_rows["user_id"].to_numpy(), eval_rows["item_id"].to_numpy(), dev)
+    ranking_auc = auc(eval_rows["label"].to_numpy(), scores)
+    t = lap("ranking_eval", t)
+
+    out_parent = out.parent if str(out.parent) else Path(".")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out_parent))
+    try:
+        prep.save(tmp / "preprocess")
+        (tmp / "features").mkdir()
+        write_json(tmp / CONFIG_FILE, {"history_len": core.history_len,
+                                       "num_categories": core.config.num_categories})
+        (tmp / "retrieval").mkdir()
+        (tmp / "ranking").mkdir()
+        save_file(_state(two_tower), str(tmp / TWO_TOWER_FILE))
+        write_json(tmp / TWO_TOWER_CONFIG_FILE, two_tower.config.to_json())
+        save_file({"embeddings": torch.from_numpy(item_emb)}, str(tmp / EMBEDDINGS_FILE))
+        faiss_index.save(index, tmp / INDEX_FILE)
+        write_json(tmp / INDEX_SPEC_FILE, {**spec.to_json(), "tried": [s.to_json() for s in tried]})
+        save_file(_state(dlrm), str(tmp / DLRM_FILE))
+        write_json(tmp / DLRM_CONFIG_FILE, dlrm.config.to_json())
+        timings["total"] = round(time.perf_counter() - t_start, 3)
+        oracle = data_manifest.get("oracle") or {}
+        content = {
+            "dataset_sha256": dataset_sha256(data_manifest),
+            "dataset": {"path": str(data_dir), "scale": data_manifest.get("scale"), "seed": data_manifest.get("seed"),
+                        "rows": data_manifest.get("rows"), "sha256": data_manifest["sha256"]},
+            "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "versions": _versions(),
+            "metrics": {
+                "ranking_auc": round(ranking_auc, 5),
+                "oracle_auc": oracle.get("auc"),
+                "oracle_recall_at_500": oracle.get("recall_at_500"),
+                "retrieval_recall_at_500": round(retrieval_recall, 5),
+                "popularity_recall_at_500": round(popularity_recall, 5),
+                "index_recall_at_100": round(index_recall, 5),
+                "index_type": spec.kind,
+                "eval_users": len(eval_users),
+                "eval_pairs": int(pairs.height),
+                "eval_rows": int(eval_rows.height),
+            },
+            "shapes": {
+                "num_users": core.num_users, "num_items": core.num_items,
+                "user_dense_dim": core.user_dense_dim, "item_dense_dim": core.item_dense_dim,
+                "item_base_dim": core.item_base_dim, "user_sparse_dim": int(core.user_sparse.shape[1]),
+                "item_sparse_dim": int(core.item_sparse.shape[1]), "history_len": core.history_len,
+                "embedding_dim": int(item_emb.shape[1]),
+            },
+            "index": spec.to_json(),
+            "training": {
+                "device": devices.describe(dev), "seconds": timings, "config": {
+                    k: v for k, v in cfg.__dict__.items() if k != "progress"},
+                "two_tower": tt_stats, "dlrm": dl_stats,
+                "train_rows": train_df.height, "holdout_rows": holdout.height,
+            },
+        }
+        manifest = write_manifest(tmp, content)
+        _swap_into_place(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest
