@@ -1,0 +1,116 @@
+"""Parquet with fixed settings, and datasets that appear whole or not at all.
+
+Byte-identical output for the same seed and scale needs every writer setting pinned (compression,
+row-group size, dictionary columns, statistics); pyarrow writes no timestamps into the file.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from types import TracebackType
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from recpipe import schema
+from recpipe.errors import UsageError
+
+MANIFEST_NAME = "manifest.json"
+DATASET_FILES: tuple[str, ...] = (*schema.TABLE_FILES.values(), MANIFEST_NAME)
+ROW_GROUP_ROWS = 1 << 17
+
+
+def arrow_schema(table: schema.Table) -> pa.Schema:
+    return pa.schema([pa.field(c.name, pa.from_numpy_dtype(c.dtype)) for c in table.columns])
+
+
+def open_writer(path: Path, table: schema.Table) -> pq.ParquetWriter:
+    """A writer with every setting that affects the bytes pinned.
+
+    Dictionary encoding only for categoricals with few values: for floats and ids it is tried, then
+    abandoned page by page, which costs time for nothing.
+    """
+    dict_cols = [c.name for c in table.columns if c.kind is schema.Kind.CATEGORICAL and c.cardinality <= 1 << 16]
+    if table is schema.INTERACTIONS:
+        dict_cols = ["label"]
+    return pq.ParquetWriter(
+        path, arrow_schema(table), compression="snappy", use_dictionary=dict_cols, write_statistics=True,
+        version="2.6", data_page_version="1.0", store_schema=True,
+    )
+
+
+def write_table(writer: pq.ParquetWriter, data: pa.Table) -> None:
+    writer.write_table(data, row_group_size=ROW_GROUP_ROWS)
+
+
+class DatasetDir:
+    """Write a dataset into a hidden temporary sibling of ``out`` and move it into place on success.
+
+    ``out`` must not hold a dataset unless ``force``; a directory holding anything but dataset files is
+    never replaced (we would delete someone's files). The old dataset is removed only after the new
+    one is complete, and an exception leaves ``out`` as it was.
+    """
+
+    def __init__(self, out: Path, force: bool) -> None:
+        self.out = Path(out)
+        self.force = force
+        self.tmp: Path | None = None
+        self._check()
+
+    def _check(self) -> None:
+        out = self.out
+        if out.exists() and not out.is_dir():
+            raise UsageError(f"{out} exists and is not a directory")
+        if out.is_dir():
+            entries = sorted(p.name for p in out.iterdir())
+            foreign = [e for e in entries if e not in DATASET_FILES]
+            if foreign:
+                raise UsageError(f"{out} holds files that are not part of a dataset ({', '.join(foreign[:3])}); "
+                                 "choose a new or empty directory")
+            if entries and not self.force:
+                raise UsageError(f"{out} already holds a dataset; pass --force to replace it")
+        parent = out.absolute().parent
+        if not parent.is_dir():
+            raise UsageError(f"cannot write {out}: {parent} is not a directory")
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise UsageError(f"cannot write {out}: {parent} is not writable")
+
+    def __enter__(self) -> Path:
+        parent = self.out.absolute().parent
+        try:
+            self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.tmp-", dir=parent))
+        except OSError as e:
+            raise UsageError(f"cannot write {self.out}: {e.strerror or e}") from None
+        return self.tmp
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self.tmp is None:
+            return
+        if exc_type is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            return
+        try:
+            self._commit(self.tmp)
+        except BaseException:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            raise
+
+    def _commit(self, tmp: Path) -> None:
+        out = self.out
+        os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
+        if not out.exists():
+            os.rename(tmp, out)
+            return
+        self._check()  # still ours to replace (nothing foreign appeared meanwhile)
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.absolute().parent))
+        os.rename(out, old / "data")
+        try:
+            os.rename(tmp, out)
+        except BaseException:
+            os.rename(old / "data", out)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
