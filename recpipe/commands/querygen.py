@@ -95,4 +95,7 @@ def run(args: argparse.Namespace) -> int:
         output.write_json(args.out, doc, args.force)
     if args.plot:
         plots.write_run_plots(doc, args.plot, force=True)
+    if doc["queries"] and not doc["ok"]:
+        print(f"recpipe querygen: no query succeeded ({doc['errors_by_code']})", file=sys.stderr)
+        return 1
     return 0

@@ -3,6 +3,7 @@ summarise. ``execute(config)`` returns the versioned JSON-ready dict that ``--ou
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import sys
 from collections.abc import Callable
@@ -12,6 +13,7 @@ import grpc.aio
 
 from recpipe import __version__
 from recpipe.config import STAGES, TOTAL_STAGE
+from recpipe.errors import UsageError
 from recpipe.querygen import clients, loops, platform_info
 from recpipe.querygen.config import DEFAULT_NUM_USERS, QuerygenConfig
 from recpipe.querygen.output import FORMAT
@@ -21,10 +23,12 @@ from recpipe.querygen.slo import SloSearch, SloStep, find_max_rate
 from recpipe.querygen.workload import QueryStream, UserSpec, poisson_arrivals
 
 FORMAT_VERSION = 1
-#: GetInfo detail key (on the gateway, else the features service) giving the user-id range 0..n-1
+#: GetInfo detail key giving the user-id range 0..n-1: read from the gateway, else from the features
+#: service (reached directly with --per-component, or at the address in the gateway's details["features"])
 NUM_USERS_KEY = "num_users"
 #: send lag p99 above this means the generator, not the server, limited the offered load
 LAG_WARN_US = 1000.0
+_PROBE_TIMEOUT_S = 1.0
 
 
 def _now_utc() -> str:
@@ -106,6 +110,8 @@ class Session:
                 self.channels.append(existing)
             chans[name] = existing
             self.pipeline[name] = {"target": target, **((await clients.get_info(existing)) or {})}
+        if not cfg.per_component:
+            await self._probe_stages()
         self.num_users = _num_users(cfg, self.pipeline)
         users = UserSpec(cfg.users, self.num_users[0], cfg.zipf_exponent)
         queries = QueryStream(users, cfg.candidates, cfg.seed)
@@ -114,6 +120,27 @@ class Session:
                                                queries, cfg.num_results, cfg.timeout)
         else:
             self.send = clients.gateway_send(chans["gateway"], queries, cfg.num_results, cfg.timeout)
+
+    async def _probe_stages(self) -> None:
+        """Record the stages behind the gateway (device, model version, num_users) when the gateway's
+        GetInfo details name their addresses and they are reachable from here; silently skip if not
+        (e.g. container-internal names)."""
+        details = (self.pipeline.get("gateway") or {}).get("details") or {}
+
+        async def probe(name: str, target: str) -> None:
+            try:
+                channel = await clients.connect(target, _PROBE_TIMEOUT_S)
+            except UsageError:
+                return
+            try:
+                info = await clients.get_info(channel, _PROBE_TIMEOUT_S)
+            finally:
+                await channel.close(None)
+            if info is not None:
+                self.pipeline[name] = {"target": target, **info}
+
+        await asyncio.gather(*(probe(name, details[name]) for name in ("features", "retrieval", "ranking")
+                               if details.get(name) and name not in self.pipeline))
 
     async def close(self) -> None:
         for ch in self.channels:

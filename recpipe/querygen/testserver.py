@@ -47,6 +47,7 @@ from recpipe.v1 import (
 
 _USER_DENSE = 8
 _ITEM_DENSE = 4
+_SPIN_S = 0.0004
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,9 @@ class TestServerConfig:
     #: every ``stall_every`` seconds (0 = never) the server freezes for ``stall_for`` seconds
     stall_every: float = 0.0
     stall_for: float = 0.0
+    #: serve one query at a time (like a single-threaded CPU stage): capacity 1 / sum(delays), and a
+    #: queue -- and a tail -- forms as the offered rate approaches it
+    serial: bool = False
 
     def __post_init__(self) -> None:
         unknown = set(self.delays) - set(STAGES)
@@ -82,22 +86,27 @@ class _Servicer(
         self._user_dense = codec.encode(rng.random(_USER_DENSE, dtype=np.float32))
         self._user_sparse = codec.encode(np.arange(44, dtype=np.int64))
         self._recent = codec.encode(np.full(4, -1, dtype=np.int64))
+        self._lock = asyncio.Lock() if config.serial else None
 
     async def _stage(self, stage: str) -> int:
         """Spend exactly the stage's delay; returns the microseconds spent."""
         t0 = time.perf_counter()
         delay = self.config.delays.get(stage, 0.0)
         if delay > 0:
-            await loops.sleep_until(t0 + delay)
+            # A loaded machine wakes sleepers a few hundred microseconds late; the reference must not.
+            await loops.sleep_until(t0 + delay - _SPIN_S)
+            while time.perf_counter() < t0 + delay:
+                pass
         return int((time.perf_counter() - t0) * 1e6)
 
     async def Recommend(self, request, context):  # type: ignore[no-untyped-def]
         t0 = time.perf_counter()
         timings = []
-        for stage in STAGES:
-            us = await self._stage(stage)
-            # In-process stages: no network hop, so what the "gateway" observes is the server time.
-            timings.append(recommend_pb2.StageTiming(stage=stage, server_us=us, observed_us=us))
+        async with self._lock or contextlib.nullcontext():
+            for stage in STAGES:
+                us = await self._stage(stage)
+                # In-process stages: no network hop, so what the "gateway" observes is the server time.
+                timings.append(recommend_pb2.StageTiming(stage=stage, server_us=us, observed_us=us))
         k = request.num_candidates or 500
         n = min(request.num_results or 10, k)
         total = int((time.perf_counter() - t0) * 1e6)
@@ -181,6 +190,8 @@ class TestServerProcess:
         argv = [sys.executable, "-m", "recpipe.querygen.testserver", "--port", "0",
                 "--num-users", str(self.config.num_users), "--stall-ms", str(self.config.stall_for * 1000),
                 "--stall-every-s", str(self.config.stall_every)]
+        if self.config.serial:
+            argv.append("--serial")
         for stage, seconds in self.config.delays.items():
             argv += ["--delay-ms", f"{stage}={seconds * 1000!r}"]
         self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -265,9 +276,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--num-users", type=int, default=1000)
     parser.add_argument("--stall-every-s", type=float, default=0.0)
     parser.add_argument("--stall-ms", type=float, default=0.0)
+    parser.add_argument("--serial", action="store_true")
     args = parser.parse_args(argv)
     config = TestServerConfig(parse_delays(args.delay_ms), args.num_users, args.stall_every_s,
-                              args.stall_ms / 1000)
+                              args.stall_ms / 1000, args.serial)
     with contextlib.suppress(KeyboardInterrupt):
         loops.run(_serve_forever(config, args.port))
     return 0

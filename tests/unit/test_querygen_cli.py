@@ -1,0 +1,64 @@
+"""Bad querygen arguments: one line on stderr, exit code 2, and quickly (no server needed)."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from recpipe.cli import main
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _one_line_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str], match: str) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("recpipe: error:"), err
+    assert match in err[0]
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        (["--mode", "open", "--rate", "0"], "--rate must be > 0"),
+        (["--mode", "open", "--rate", "-3"], "--rate must be > 0"),
+        (["--mode", "open"], "needs --rate"),
+        (["--mode", "burst"], "unknown --mode 'burst'"),
+        (["--rate", "10"], "--rate applies to --mode open"),
+        (["--mode", "closed", "--concurrency", "0"], "--concurrency"),
+        (["--duration", "0"], "--duration"),
+        (["--duration", "1", "--queries", "5"], "not allowed with"),
+        (["--users", "pareto"], "uniform or zipf"),
+        (["--num-candidates", "0"], "--num-candidates"),
+        (["--candidates-dist", "normal:1,2"], "lognormal:MEDIAN,SIGMA"),
+        (["--candidates-file", "/nonexistent/q.txt"], "cannot read"),
+        (["--mode", "closed", "--slo-p99-ms", "50"], "--mode open"),
+    ],
+)
+def test_bad_arguments(capsys: pytest.CaptureFixture[str], extra: list[str], match: str) -> None:
+    _one_line_exit_2(capsys, ["querygen", "--target", "127.0.0.1:1", *extra], match)
+
+
+def test_missing_target(capsys: pytest.CaptureFixture[str]) -> None:
+    _one_line_exit_2(capsys, ["querygen", "--queries", "1"], "--target")
+
+
+def test_unreachable_target_is_detected_within_5_seconds(capsys: pytest.CaptureFixture[str]) -> None:
+    t0 = time.monotonic()
+    _one_line_exit_2(capsys, ["querygen", "--target", f"127.0.0.1:{_closed_port()}", "--queries", "1"],
+                     "cannot reach")
+    assert time.monotonic() - t0 < 5.0
+
+
+def test_existing_output_is_refused_before_connecting(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    out = tmp_path / "run.json"
+    out.write_text("{}")
+    _one_line_exit_2(capsys, ["querygen", "--target", "127.0.0.1:1", "--out", str(out)], "--force")
+    assert out.read_text() == "{}"
