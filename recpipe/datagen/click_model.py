@@ -34,15 +34,15 @@ class ClickModel:
     # --- exposure ---------------------------------------------------------------------------
     tau: float = 2.5
     pop_power: float = 0.8
-    pref_mix: float = 0.25
+    pref_mix: float = 0.35
     item_pareto_alpha: float = 1.6  # item popularity ~ Pareto(alpha): heavy head, long tail
     quality_popularity: float = 0.3  # better items are a little more popular
     activity_sigma: float = 1.0  # interactions per user ~ lognormal
     # --- click ------------------------------------------------------------------------------
-    affinity: float = 0.5
+    affinity: float = 0.8
     quality: float = 0.5
     match: float = 0.4
-    bias: float = -5.2
+    bias: float = -6.0
 
     def logit(self, dot: np.ndarray, q: np.ndarray, match: np.ndarray) -> np.ndarray:
         """Click logit from u·v (unscaled), item quality and [item category == preferred category]."""

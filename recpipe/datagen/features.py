@@ -55,7 +55,7 @@ def item_block(world: World, block: int, lo: int, hi: int) -> pa.Table:
         "item_id": np.arange(lo, hi, dtype=np.int64),
         "i_cont_00": np.round(np.exp(log_price), 2),
         "i_cont_01": np.floor(np.exp(rng.normal(3.0, 1.5, n))),
-        "i_cont_02": np.clip(np.round(4.0 + 0.45 * q + rng.normal(0.0, 0.35, n), 1), 1.0, 5.0),
+        "i_cont_02": np.clip(np.round(4.0 + 0.45 * q + rng.normal(0.0, 0.2, n), 1), 1.0, 5.0),
         "i_cont_03": np.floor(3.0 * w * np.exp(rng.normal(0.0, 0.5, n))),
         "i_cont_04": np.clip(rng.beta(2.0, 8.0, n) + 0.1 * promoted, 0.0, 0.9),
         "i_cont_05": np.floor(np.exp(rng.normal(4.5, 1.2, n))),

@@ -85,8 +85,11 @@ def make_params(cfg: DatagenConfig, model: ClickModel, days: int) -> Params:
     cat_top = _cover(n_top, n_cat, rng)
     cat_probs = zipf_probs(n_cat, 1.0, 5.0, rng)
     top_vec = rng.standard_normal((n_top, k))
-    cat_vec = (model.category_top_weight * top_vec[cat_top]
-               + model.category_leaf_weight * rng.standard_normal((n_cat, k))).astype(np.float32)
+    cat_vec = model.category_top_weight * top_vec[cat_top] + model.category_leaf_weight * rng.standard_normal((n_cat, k))
+    # equal norms: otherwise the longest category vectors are near every taste (hubs) and the same few
+    # categories top every user's list, which makes global popularity an unrealistically good recommender
+    cat_vec *= np.sqrt(k) / np.linalg.norm(cat_vec, axis=1, keepdims=True)
+    cat_vec = cat_vec.astype(np.float32)
     top_price = rng.normal(3.2, 0.8, n_top)
     cat_log_price = top_price[cat_top] + rng.normal(0.0, 0.5, n_cat)
 
