@@ -1,8 +1,8 @@
-"""`locust -f loadtest/` as users run it (a subprocess), against a real gRPC RecommendService.
+"""`locust -f loadtest/` as users run it (a subprocess), against real gRPC servers.
 
-These tests use a small grpc.aio RecommendService whose answers are under the test's control (known
-stage times, NOT_FOUND past a known user count), so they can check what locust records, not just
-that it ran. The run against the real recpipe chain is in test_loadtest_chain.py.
+Most tests use a small grpc.aio RecommendService in its own process whose answers are under the
+test's control (known stage times, NOT_FOUND past a known user count), so they can check what locust
+records, not just that it ran. The last ones run against the real chain from tests/conftest.py.
 """
 
 from __future__ import annotations
@@ -195,3 +195,32 @@ def test_unreachable_gateway_ends_the_run_with_a_clear_error(tmp_path: Path) -> 
 
 if __name__ == "__main__":
     asyncio.run(_serve_fake(float(sys.argv[1])))
+
+
+# --- against the real chain (tests/conftest.py: real stages over a tiny dataset and model repository) ---
+
+
+def test_locust_against_the_real_chain(tmp_path: Path, serving_chain, dataset_info: dict[str, int]) -> None:
+    # the README's command, as is: no user settings, so the user count is asked of the gateway
+    proc = run_locust(tmp_path, serving_chain.gateway.address, users=4, run_time="5s")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"{dataset_info['num_users']} users found by asking" in proc.stderr
+    stats = read_stats(tmp_path)
+    for name in ["Recommend", *STAGE_ROWS]:
+        assert int(stats[name]["Request Count"]) > 0, name
+        assert int(stats[name]["Failure Count"]) == 0, name
+    assert read_failures(tmp_path) == []
+    # time inside the four stages' servers is part of what the client waited for
+    inside = sum(float(stats[name]["Average Response Time"]) for name in STAGE_ROWS)
+    assert 0 < inside <= float(stats["Recommend"]["Average Response Time"])
+
+
+def test_zipf_users_by_activity_against_the_real_chain(
+    tmp_path: Path, serving_chain, small_dataset: Path
+) -> None:
+    proc = run_locust(tmp_path, serving_chain.gateway.address, users=2, run_time="3s",
+                      env={"RECPIPE_USER_DIST": "zipf", "RECPIPE_DATA": str(small_dataset)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "weighted by interactions" in proc.stderr
+    stats = read_stats(tmp_path)
+    assert int(stats["stage:rank"]["Request Count"]) > 0 and int(stats["Recommend"]["Failure Count"]) == 0
