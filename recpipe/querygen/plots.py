@@ -121,3 +121,33 @@ def write_run_plots(doc: dict[str, Any], out_dir: str | Path, force: bool = Fals
     if doc.get("slo"):
         paths.append(slo_curve(runs, d / "slo_curve.png", force))
     return paths
+
+
+def comparison_bars(runs: Labelled, path: Path, force: bool = False) -> Path:
+    """Side by side per stage and end to end, p50 (top) and p99 (bottom); speed-ups over the first run
+    written above the other runs' bars."""
+    from recpipe.querygen.compare import ROWS, speedup
+
+    fig = _figure(max(8.0, 1.6 * len(ROWS) * max(1, len(runs)) / 2 + 3), 8.0)
+    width = 0.8 / len(runs)
+    for i, key in enumerate(("p50_us", "p99_us")):
+        ax = fig.add_subplot(2, 1, i + 1)
+        base = runs[0][1]
+        for j, (label, doc) in enumerate(runs):
+            xs = [k + (j - (len(runs) - 1) / 2) * width for k in range(len(ROWS))]
+            values = [(doc["end_to_end"] if row == "end_to_end" else doc["stages"][row])[key] / 1000
+                      for row in ROWS]
+            ax.bar(xs, values, width=width, label=label)
+            if j:
+                for x, row, v in zip(xs, ROWS, values, strict=True):
+                    b = (base["end_to_end"] if row == "end_to_end" else base["stages"][row])[key] / 1000
+                    r = speedup(b * 1000, v * 1000)
+                    if r is not None:
+                        ax.text(x, v, f"{r:.2f}x", ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(range(len(ROWS)), [r.replace("_", " ") for r in ROWS], fontsize=8)
+        ax.set_ylabel(f"{key.removesuffix('_us')} latency (ms)")
+        ax.grid(True, axis="y", alpha=0.3)
+        if i == 0:
+            ax.set_title("Per-stage latency side by side (speed-up vs the first run)")
+            ax.legend(fontsize=8)
+    return _save(fig, path, force)

@@ -186,6 +186,10 @@ class TestServerProcess:
     def target(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
     def start(self, timeout: float = 30.0) -> TestServerProcess:
         argv = [sys.executable, "-m", "recpipe.querygen.testserver", "--port", "0",
                 "--num-users", str(self.config.num_users), "--stall-ms", str(self.config.stall_for * 1000),

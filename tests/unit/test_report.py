@@ -1,0 +1,111 @@
+"""`recpipe report`: runs side by side with per-stage speed-ups (documents built from real recorders)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from recpipe.cli import main
+from recpipe.config import STAGES
+from recpipe.querygen import compare
+from recpipe.querygen.output import FORMAT
+from recpipe.querygen.recorder import Recorder
+from recpipe.querygen.session import FORMAT_VERSION, summarise
+
+
+def _run_doc(stage_ms: dict[str, float], seed: int, gpu: str = "none") -> dict[str, Any]:
+    """A run document whose stages take ``stage_ms`` each (+-2% jitter), recorded like a real run."""
+    rng = np.random.default_rng(seed)
+    rec = Recorder(measure_from=0.0)
+    t = 0.0
+    for _ in range(2000):
+        # server time, and 0.1 ms more as observed by the caller
+        timings = [(s, us, us + 100) for s in STAGES
+                   for us in [int(stage_ms[s] * 1000 * rng.uniform(0.98, 1.02))]]
+        total = sum(observed for _, _, observed in timings) / 1e6 + 0.0005
+        rec.ok(t, t, t + total, timings)
+        t += 0.01
+    doc = {"format": FORMAT, "format_version": FORMAT_VERSION, "mode": "sequential", "per_component": False,
+           "target_rate": None, "achieved_rate": 100.0, "platform": {"cpu": "test cpu", "cores": 2, "gpu": gpu},
+           "pipeline": {"gateway": {"device": "cpu"}}, "model_version": "v1"}
+    doc.update(summarise(rec.finish()))
+    return doc
+
+
+BASE = {"augment_user": 1.0, "retrieve": 4.0, "augment_items": 3.2, "rank": 10.0}
+FAST = {"augment_user": 1.0, "retrieve": 2.0, "augment_items": 2.0, "rank": 5.0}
+
+
+def _ratios(line: str) -> dict[str, float]:
+    return {m[0]: float(m[1]) for m in re.findall(r"(\w+) (\d+\.\d+)x", line)}
+
+
+def _expected(stage: str) -> float:
+    return (BASE[stage] + 0.1) / (FAST[stage] + 0.1)
+
+
+def test_speedups_per_stage_and_end_to_end() -> None:
+    a, b = _run_doc(BASE, 1), _run_doc(FAST, 2, gpu="H100")
+    line = compare.verdict("B", a, b)
+    assert line.startswith("B is ") and "faster end to end (p50)" in line
+    e2e = float(line.split(" is ")[1].split("x")[0])
+    assert e2e == pytest.approx((sum(BASE.values()) + 0.9) / (sum(FAST.values()) + 0.9), rel=0.03)
+    ratios = _ratios(line)
+    for stage in STAGES:
+        assert ratios[stage] == pytest.approx(_expected(stage), rel=0.03), stage
+    slower = compare.verdict("A", b, a)
+    assert "slower end to end" in slower
+    assert _ratios(slower)["rank"] == pytest.approx(1 / _expected("rank"), rel=0.03)
+    md = compare.markdown([("A", a), ("B", b)])
+    assert "| **end to end** |" in md and "| gpu | none | H100 |" in md
+    assert sum(line.startswith("- B is") for line in md.splitlines()) == 2
+
+
+def test_speedup_ignores_timer_noise() -> None:
+    assert compare.speedup(3, 1) is None and compare.speedup(0, 100) is None
+    assert compare.speedup(200, 100) == 2.0
+
+
+def _write(tmp_path: Path, name: str, doc: dict[str, Any]) -> str:
+    p = tmp_path / name
+    p.write_text(json.dumps(doc))
+    return str(p)
+
+
+def test_report_command_writes_markdown_and_charts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = _write(tmp_path, "x86.json", _run_doc(BASE, 1))
+    b = _write(tmp_path, "gh200.json", _run_doc(FAST, 2))
+    out = tmp_path / "report"
+    assert main(["report", a, b, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "gh200 is " in printed
+    assert _ratios(printed.split("- gh200 is ")[1])["rank"] == pytest.approx(_expected("rank"), rel=0.03)
+    assert (out / "report.md").read_text() == printed
+    for png in ("comparison.png", "stages.png", "latency_cdf.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+    # Not overwritten without --force; with it, fine.
+    assert main(["report", a, b, "--out", str(out)]) == 2
+    assert main(["report", a, b, "--out", str(out), "--force", "--labels", "x86,gh"]) == 0
+    assert "gh is " in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("content", ["not json", json.dumps({"format": "other"}),
+                                     json.dumps({"format": FORMAT, "format_version": 99})])
+def test_report_rejects_what_is_not_a_run(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                          content: str) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    assert main(["report", str(bad), "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "bad.json" in err[0]
+
+
+def test_report_label_count_must_match(tmp_path: Path) -> None:
+    a = _write(tmp_path, "a.json", _run_doc(BASE, 1))
+    assert main(["report", a, "--out", str(tmp_path / "r"), "--labels", "x,y"]) == 2
+    assert main(["report", str(tmp_path / "missing.json"), "--out", str(tmp_path / "r")]) == 2
