@@ -1,0 +1,46 @@
+"""querygen against the real serving chain (shared session fixtures: tiny dataset, trained models)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from recpipe.cli import main
+from recpipe.config import STAGES
+
+if TYPE_CHECKING:
+    from recpipe.serving.inprocess import ChainServers
+
+
+def _run(tmp_path: Path, name: str, *argv: str) -> dict[str, Any]:
+    out = tmp_path / f"{name}.json"
+    assert main(["querygen", *argv, "--out", str(out), "--quiet"]) == 0
+    doc: dict[str, Any] = json.loads(out.read_text())
+    return doc
+
+
+def test_sequential_and_per_component_against_the_chain(serving_chain: ChainServers,
+                                                        dataset_info: dict[str, int], tmp_path: Path) -> None:
+    t = serving_chain.targets
+    gw = _run(tmp_path, "gw", "--target", t["gateway"], "--queries", "40", "--num-candidates", "50",
+              "--users", "zipf")
+    assert gw["queries"] == 40 and gw["errors"] == 0
+    # The user-id range comes from the features stage, found through the gateway's GetInfo.
+    assert gw["workload"]["num_users"] == dataset_info["num_users"]
+    assert {"gateway", "features", "retrieval", "ranking"} <= set(gw["pipeline"])
+    assert gw["model_version"]
+    for stage in STAGES:
+        s = gw["stages"][stage]
+        assert s["count"] == 40 and 0 < s["server"]["p50_us"] <= s["p50_us"] * 1.01 + 5
+    # Stages run one after another inside the gateway: the client waits at least their sum.
+    assert gw["end_to_end"]["p50_us"] >= 0.9 * sum(gw["stages"][s]["p50_us"] for s in STAGES)
+
+    pc = _run(tmp_path, "pc", "--per-component", "--features", t["features"], "--retrieval", t["retrieval"],
+              "--ranking", t["ranking"], "--queries", "40", "--num-candidates", "50",
+              "--num-users", str(dataset_info["num_users"]))
+    assert pc["per_component"] and pc["queries"] == 40 and pc["errors"] == 0
+    for stage in STAGES:
+        s = pc["stages"][stage]
+        assert s["count"] == 40 and 0 < s["server"]["p50_us"] <= s["p50_us"] * 1.01 + 5
+    assert pc["end_to_end"]["p50_us"] >= sum(pc["stages"][s]["p50_us"] for s in STAGES) * 0.9
