@@ -162,6 +162,10 @@ class RecommendUser(GrpcUser):
 
     def _build_sampler(self) -> UserSampler:
         opts = self.environment.parsed_options
+        if self.deadline_s <= 0:
+            raise WorkloadError(f"--deadline-ms must be > 0, got {self.deadline_s * 1000:g}")
+        if self.num_candidates < 0 or self.num_results < 0:
+            raise WorkloadError("--num-candidates and --num-results must be >= 0 (0 = the service default)")
         dist = getattr(opts, "user_dist", "uniform")
         data_dir = getattr(opts, "data_dir", "")
         num_users = getattr(opts, "num_user_ids", 0)

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(COMPOSE is None, reason="docker-compose client n
 
 STAGE_PORTS = {"gateway": 50051, "features": 50052, "retrieval": 50053, "ranking": 50054}
 SCALABLE = ("features", "retrieval", "ranking")
-GPU_STAGES = ("retrieval", "ranking")
+GPU_SERVICES = ("init", "retrieval", "ranking")  # init trains on the GPU where there is one
 
 # Loads YAML with the compose client's own interpreter; `!reset` (Compose v2.24+) becomes
 # {"__reset__": value} so the CPU override can be checked too.
@@ -109,12 +109,12 @@ def test_gateway_reaches_stages_by_dns_so_replicas_share_load(resolved: dict[str
         assert "ports" not in services[name], name
 
 
-def test_gpu_reserved_for_retrieval_and_ranking_only(resolved: dict[str, Any]) -> None:
+def test_gpu_reserved_for_retrieval_ranking_and_training_only(resolved: dict[str, Any]) -> None:
     services = resolved["services"]
-    for name in GPU_STAGES:
+    for name in GPU_SERVICES:
         devices = services[name]["deploy"]["resources"]["reservations"]["devices"]
         assert any("gpu" in d["capabilities"] for d in devices), name
-    for name in ("init", "features", "gateway", "locust"):
+    for name in ("features", "gateway", "locust"):
         assert "deploy" not in services[name], name
 
 
@@ -153,7 +153,7 @@ def test_cpu_override_drops_gpu_reservations_and_builds_cpu_image(tmp_path: Path
         target = merged["services"][name]
         target["image"] = svc["image"]
         target["build"]["args"]["VARIANT"] = "cpu"
-        if name in GPU_STAGES:
+        if name in GPU_SERVICES:
             reservations = svc["deploy"]["resources"]["reservations"]
             assert reservations["devices"] == {"__reset__": []}, name
             del target["deploy"]["resources"]["reservations"]["devices"]
