@@ -74,10 +74,7 @@ def build_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 def run(args: argparse.Namespace) -> int:
     from recpipe.querygen import loops, output, plots, session
-    from recpipe.querygen.workload import UserSpec
-
     config = build_config(args)
-    UserSpec(config.users, config.num_users or 1, config.zipf_exponent)  # validate before connecting
     if args.out:
         output.check_writable(args.out, args.force)
     if args.plot and not args.force:

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from recpipe.errors import UsageError
-from recpipe.querygen.workload import CandidateSpec
+from recpipe.querygen.workload import CandidateSpec, UserSpec
 
 MODES = ("sequential", "open", "closed")
 #: the user-id range used when neither the gateway nor --num-users says
@@ -59,6 +59,8 @@ class QuerygenConfig:
             raise UsageError(f"--queries must be >= 1, got {self.queries}")
         if not self.warmup >= 0:
             raise UsageError(f"--warmup must be >= 0 seconds, got {self.warmup}")
+        # The user-id range may come from the gateway later; validate the rest of the spec now.
+        UserSpec(self.users, self.num_users if self.num_users is not None else 1, self.zipf_exponent)
         if self.num_users is not None and self.num_users < 1:
             raise UsageError(f"--num-users must be >= 1, got {self.num_users}")
         if self.num_results < 1:

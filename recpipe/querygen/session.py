@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import sys
-from collections.abc import Callable
 from typing import Any, TextIO
 
 import grpc.aio
@@ -180,14 +179,11 @@ def _describe(config: QuerygenConfig, session: Session) -> dict[str, Any]:
     }
 
 
-async def execute(config: QuerygenConfig, stream: TextIO | None = None,
-                  on_open: Callable[[Session], None] | None = None) -> dict[str, Any]:
+async def execute(config: QuerygenConfig, stream: TextIO | None = None) -> dict[str, Any]:
     """Run querygen as configured and return the result document (see ``FORMAT_VERSION``)."""
     session = Session(config, stream)
     started = _now_utc()
     await session.open()
-    if on_open:
-        on_open(session)
     try:
         slo_json: dict[str, Any] | None = None
         rate: float | None

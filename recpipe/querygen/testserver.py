@@ -260,8 +260,8 @@ async def _serve_forever(config: TestServerConfig, port: int) -> None:
     server, bound = await start_server(config, port)
     print(f"PORT {bound}", flush=True)
     loop = asyncio.get_running_loop()
-    if config.stall_for > 0:
-        loop.add_signal_handler(signal.SIGUSR1, _freeze, config.stall_for)
+    # Installed even without a stall length, so a stray SIGUSR1 never kills the server.
+    loop.add_signal_handler(signal.SIGUSR1, _freeze, config.stall_for)
     if config.stall_every > 0:
         def stall_again() -> None:
             _freeze(config.stall_for)
