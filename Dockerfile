@@ -7,8 +7,8 @@
 #
 # The CUDA variant needs no CUDA base image: the torch and faiss-gpu wheels bring the CUDA runtime
 # libraries with them, and the NVIDIA Container Toolkit mounts the host's driver when a container is
-# given a GPU (docker-compose.yml reserves one for retrieval and ranking). Stages without a GPU, and
-# the CUDA image on a machine without one, run on the CPU: recpipe detects the device at start-up.
+# given a GPU (docker-compose.yml reserves one for init, retrieval and ranking). Stages without a GPU,
+# and the CUDA image on a machine without one, run on the CPU: recpipe detects the device at start-up.
 
 ARG VARIANT=cpu
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
@@ -29,19 +29,27 @@ ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 RUN pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX_URL}"
 
+# PyPI's Linux torch wheel is the CUDA build (its CUDA libraries come as nvidia-* wheels).
 FROM build-base AS build-cuda
 ARG TORCH_VERSION=2.13.0
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu126
+ARG TORCH_INDEX_URL=https://pypi.org/simple
 RUN pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX_URL}"
 
 FROM build-${VARIANT} AS build
 ARG VARIANT
 COPY pyproject.toml README.md ./
 COPY recpipe ./recpipe
-# faiss-cpu and faiss-gpu-cu12 both provide the `faiss` module: the CUDA image keeps only the GPU one.
+# faiss-cpu (a dependency of recpipe) and faiss-gpu-cu12 install the same `faiss` module files, so the
+# CUDA image swaps one for the other instead of installing both (`pip install .[gpu]` would reinstall
+# faiss-cpu over the GPU build). A build has no GPU driver, so only the CPU image test-imports faiss.
+ARG FAISS_GPU="faiss-gpu-cu12>=1.8"
 RUN pip install . \
- && if [ "${VARIANT}" = "cuda" ]; then pip uninstall -y faiss-cpu && pip install ".[gpu]"; fi \
- && python -c "import recpipe, torch, faiss, grpc, polars; print('recpipe', recpipe.__version__, 'torch', torch.__version__)"
+ && if [ "${VARIANT}" = "cuda" ]; then \
+        pip uninstall -y faiss-cpu && pip install "${FAISS_GPU}"; \
+    else \
+        python -c "import faiss; print('faiss', faiss.__version__)"; \
+    fi \
+ && python -c "import recpipe, torch, grpc, polars; print('recpipe', recpipe.__version__, 'torch', torch.__version__)"
 
 # ---- runtime: the venv, the load test, no compilers or pip caches --------------------------------
 FROM ${PYTHON_IMAGE} AS runtime
