@@ -71,19 +71,30 @@ def stage_bars(runs: Labelled, path: Path, force: bool = False) -> Path:
 
 
 def latency_cdf(runs: Labelled, path: Path, force: bool = False) -> Path:
-    """End-to-end latency CDF, log latency axis, the tail stretched (y = percentile, 0..100)."""
-    fig = _figure()
-    ax = fig.add_subplot(1, 1, 1)
+    """End-to-end latency CDF (left) and the same data as a tail plot (right: x = percentile on a
+    1/(1-p) log scale, so p99 and p99.9 get as much room as p50 and p90)."""
+    fig = _figure(11.0, 4.5)
+    ax = fig.add_subplot(1, 2, 1)
+    tail = fig.add_subplot(1, 2, 2)
+    ticks = [50.0, 90.0, 99.0, 99.9, 99.99]
     for label, doc in runs:
-        cdf = doc["end_to_end"].get("cdf") or []
-        if cdf:
-            ax.plot([v / 1000 for _, v in cdf], [p for p, _ in cdf], marker=".", label=label or None)
+        cdf = [(p, v) for p, v in doc["end_to_end"].get("cdf") or [] if v > 0]
+        if not cdf:
+            continue
+        ax.plot([v / 1000 for _, v in cdf], [p for p, _ in cdf], marker=".", label=label or None)
+        pts = [(1 / (1 - p / 100), v / 1000) for p, v in cdf if 0 < p < 100]
+        tail.plot([x for x, _ in pts], [y for _, y in pts], marker=".", label=label or None)
     ax.set_xscale("log")
     ax.set_xlabel("end-to-end latency (ms)")
     ax.set_ylabel("percentile")
     ax.set_ylim(0, 100.5)
     ax.grid(True, which="both", alpha=0.3)
     ax.set_title("End-to-end latency CDF")
+    tail.set_xscale("log")
+    tail.set_xticks([1 / (1 - t / 100) for t in ticks], [f"p{t:g}" for t in ticks])
+    tail.set_ylabel("end-to-end latency (ms)")
+    tail.grid(True, which="both", alpha=0.3)
+    tail.set_title("Tail (percentile spectrum)")
     if any(label for label, _ in runs):
         ax.legend(fontsize=8)
     return _save(fig, path, force)

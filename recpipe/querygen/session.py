@@ -239,6 +239,9 @@ async def execute(config: QuerygenConfig, stream: TextIO | None = None) -> dict[
         warnings.append(
             f"generator fell behind: send lag p99 {doc['send_lag']['p99_us'] / 1000:.2f} ms, max "
             f"{doc['send_lag']['max_us'] / 1000:.2f} ms (latencies still count from the scheduled send time)")
+    if config.mode == "open" and rate and achieved < 0.95 * rate:
+        warnings.append(f"achieved {achieved:.1f} of {rate:.1f} q/s: the server (or the generator) could "
+                        "not keep up")
     if m.error_count:
         warnings.append(f"{m.error_count} of {m.queries} queries failed: {doc['errors_by_code']}")
     if doc["workload"]["num_users_source"].startswith("default"):
