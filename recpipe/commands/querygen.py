@@ -28,8 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds of load before measuring, excluded from the statistics")
     parser.add_argument("--users", default="uniform", help="uniform | zipf (user-id popularity)")
     parser.add_argument("--zipf-exponent", type=float, default=1.0)
-    parser.add_argument("--num-users", type=int, help="user ids 0..N-1 (default: the gateway's GetInfo "
-                        "details['num_users'], else 1000)")
+    parser.add_argument("--num-users", type=int, help="user ids 0..N-1 (default: GetInfo details['num_users'] of "
+                        "the gateway or the features stage, else 1000)")
     cands = parser.add_mutually_exclusive_group()
     cands.add_argument("--num-candidates", type=int, help=f"candidates per query (default {DEFAULT_NUM_CANDIDATES})")
     cands.add_argument("--candidates-dist", metavar="lognormal:MEDIAN,SIGMA")

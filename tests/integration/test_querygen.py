@@ -154,3 +154,10 @@ def test_slo_search_finds_the_knee_of_a_serial_server(tmp_path: Path) -> None:
     assert any(not c["meets_slo"] for c in slo["curve"])
     assert doc["target_rate"] == slo["max_rate"]
     assert (plots / "slo_curve.png").exists()
+
+
+def test_bench_querygen_prints_naive_beside_fast(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "querygen", "--rates", "200", "--duration", "0.5", "--warmup", "0.1"]) == 0
+    out = capsys.readouterr().out
+    assert "naive (asyncio epoll)" in out and "recpipe (select)" in out
+    assert "200 q/s: send lag p99 naive" in out

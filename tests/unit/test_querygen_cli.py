@@ -62,3 +62,9 @@ def test_existing_output_is_refused_before_connecting(capsys: pytest.CaptureFixt
     out.write_text("{}")
     _one_line_exit_2(capsys, ["querygen", "--target", "127.0.0.1:1", "--out", str(out)], "--force")
     assert out.read_text() == "{}"
+
+
+@pytest.mark.parametrize("rates", ["0", "abc", ","])
+def test_bench_querygen_rejects_bad_rates(capsys: pytest.CaptureFixture[str], rates: str) -> None:
+    _one_line_exit_2(capsys, ["bench", "querygen", "--rates", rates], "--rates")
+
