@@ -11,6 +11,7 @@ from recpipe.errors import UsageError
 
 INDEX_CHOICES = ("auto", "flat", "ivf", "hnsw")
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
+PREPROCESS_CHOICES = ("polars", "nvtabular")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,6 +23,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--index", default="auto", choices=INDEX_CHOICES,
                         help="FAISS index; auto = the fastest reaching recall@100 >= 0.95 against exact search")
+    parser.add_argument("--preprocess", default="polars", choices=PREPROCESS_CHOICES,
+                        help="engine fitting the preprocessing (default polars); nvtabular runs in its own "
+                             "environment and exports the same artifacts")
+    parser.add_argument("--nvtabular-python", default=None, metavar="PATH",
+                        help="interpreter of the NVTabular environment (default $RECPIPE_NVTABULAR_PYTHON; "
+                             "create one with .ci/nvtabular-env.sh DIR)")
     parser.add_argument("--force", action="store_true", help="replace an existing model repository")
     parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
 
@@ -36,6 +43,12 @@ def run(args: argparse.Namespace) -> int:
     data = Path(args.data)
     if not data.is_dir():
         raise UsageError(f"--data {data}: no such directory")
+    nvt_python = None
+    if args.preprocess == "nvtabular":
+        from recpipe.preprocess.nvtabular_engine import find_python
+
+        # before any data is read: a missing environment is a usage error, not a late failure
+        nvt_python = find_python(args.nvtabular_python)
     cfg = TrainConfig(
         epochs=args.epochs if args.epochs is not None else TrainConfig.epochs,
         seed=args.seed,
@@ -50,7 +63,14 @@ def run(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(f"  {line}", file=sys.stderr, flush=True)
 
-    manifest = train(data, Path(args.out), cfg, force=args.force, say=say)
+    engine = {}
+    if nvt_python is not None:
+        import functools
+
+        from recpipe.preprocess import nvtabular_engine
+
+        engine["fit_preprocessor"] = functools.partial(nvtabular_engine.fit, python=nvt_python, say=say)
+    manifest = train(data, Path(args.out), cfg, force=args.force, say=say, **engine)
     if not args.quiet:
         m = manifest["metrics"]
         print(f"wrote {args.out} (version {manifest['version']}, {manifest['training']['device']}, "

@@ -85,9 +85,14 @@ def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def train(
-    data_dir: Path, out: Path, cfg: TrainConfig, force: bool = False, say: Callable[[str], None] = lambda s: None
+    data_dir: Path, out: Path, cfg: TrainConfig, force: bool = False, say: Callable[[str], None] = lambda s: None,
+    fit_preprocessor: Callable[[pl.DataFrame, pl.DataFrame, PreprocessConfig], Preprocessor] = Preprocessor.fit,
 ) -> dict[str, Any]:
-    """Train everything on ``data_dir`` and write the model repository to ``out``; returns its manifest."""
+    """Train everything on ``data_dir`` and write the model repository to ``out``; returns its manifest.
+
+    ``fit_preprocessor`` fits the preprocessing on the training rows of users and items: the Polars
+    engine (``Preprocessor.fit``) by default, or ``recpipe.preprocess.nvtabular_engine.fit``.
+    """
     data_dir, out = Path(data_dir), Path(out)
     _prepare_out(out, force)
     t_start = time.perf_counter()
@@ -107,7 +112,7 @@ def train(
         raise UsageError(f"--data {data_dir}: the training split has no clicks to learn from")
     seen_users = train_df["user_id"].unique()
     seen_items = train_df["item_id"].unique()
-    prep = Preprocessor.fit(
+    prep = fit_preprocessor(
         users.filter(pl.col("user_id").is_in(seen_users.implode())),
         items.filter(pl.col("item_id").is_in(seen_items.implode())),
         PreprocessConfig(cfg.max_vocab),
