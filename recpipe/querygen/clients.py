@@ -100,6 +100,15 @@ def gateway_send(channel: grpc.aio.Channel, queries: QueryStream, num_results: i
     return send
 
 
+def top_n(ids: np.ndarray, scores: np.ndarray, n: int) -> np.ndarray:
+    """The ``n`` ids with the highest scores, best first."""
+    n = min(n, ids.shape[0])
+    if n == 0:
+        return ids[:0]
+    top = np.argpartition(-scores, n - 1)[:n]
+    return ids[top[np.argsort(-scores[top], kind="stable")]]
+
+
 def component_send(
     features: grpc.aio.Channel,
     retrieval: grpc.aio.Channel,
@@ -143,10 +152,7 @@ def component_send(
             scores = codec.decode(ranked.scores, "scores", "float32", (ids.shape[0],))
         except BadRequest:
             return "BAD_RESPONSE", ()
-        n = min(num_results, ids.shape[0])
-        if n:
-            top = np.argpartition(-scores, n - 1)[:n]
-            ids[top[np.argsort(-scores[top], kind="stable")]]
+        top_n(ids, scores, num_results)
         t5 = time.perf_counter()
         servers = (user.server_us, cands.server_us, items.server_us, ranked.server_us)
         observed = (t1 - t0, t2 - t1, t3 - t2, t4 - t3)

@@ -183,8 +183,8 @@ async def execute(config: QuerygenConfig, stream: TextIO | None = None) -> dict[
     """Run querygen as configured and return the result document (see ``FORMAT_VERSION``)."""
     session = Session(config, stream)
     started = _now_utc()
-    await session.open()
     try:
+        await session.open()
         slo_json: dict[str, Any] | None = None
         rate: float | None
         if config.slo_p99_ms is not None:

@@ -104,3 +104,12 @@ def test_slo_step_fails_on_errors_or_an_undelivered_rate() -> None:
     assert not SloStep(100, 100, 1000, 2000, 3000, 1000, 20).meets(5000, 0.01, 0.95)
     assert not SloStep(100, 80, 1000, 2000, 3000, 1000, 0).meets(5000, 0.01, 0.95)
     assert not SloStep(100, 0, 0, 0, 0, 0, 0).meets(5000, 0.01, 0.95)
+
+
+def test_top_n_orders_by_score() -> None:
+    from recpipe.querygen.clients import top_n
+
+    ids = np.arange(100, 110, dtype=np.int64)
+    scores = np.random.default_rng(0).random(10).astype(np.float32)
+    assert top_n(ids, scores, 3).tolist() == ids[np.argsort(-scores)[:3]].tolist()
+    assert top_n(ids, scores, 50).shape == (10,) and top_n(ids[:0], scores[:0], 5).shape == (0,)
