@@ -28,6 +28,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+from pathlib import Path
 from typing import Any, ClassVar
 
 import gevent
@@ -170,8 +171,6 @@ class RecommendUser(GrpcUser):
         data_dir = getattr(opts, "data_dir", "")
         num_users = getattr(opts, "num_user_ids", 0)
         if data_dir:
-            from pathlib import Path
-
             sampler = sampler_from_data(Path(data_dir), dist)
             source = f"{data_dir} ({'weighted by interactions' if dist == 'zipf' else 'uniform'})"
         else:
@@ -224,8 +223,9 @@ def _forget_previous_run(**_kwargs: Any) -> None:
 class StepLoadShape(LoadTestShape):
     """Step load for ramp experiments: ``--step-users`` more users every ``--step-time`` seconds.
 
-    Climbs to ``-u`` users (default ten steps), holds the last step for one step time, then stops;
-    ``-t`` ends it earlier. Users spawn at ``-r`` per second (default: a whole step at once).
+    Climbs to ``-u`` users (give it: headless locust otherwise means 1), holds the last step for one
+    step time, then stops; ``-t`` ends it earlier. Users spawn at ``-r`` per second (default: a whole
+    step at once).
     Active only with RECPIPE_SHAPE=step (see the module docstring).
     """
 
