@@ -50,6 +50,18 @@ class ClickModel:
         return (scale * dot.astype(np.float64) + self.quality * q.astype(np.float64)
                 + self.match * match.astype(np.float64) + self.bias)
 
+    def click_probability32(self, dot: np.ndarray, q: np.ndarray, match: np.ndarray) -> np.ndarray:
+        """``sigmoid(logit)`` in float32, for scoring many items at once (the oracle's top-k)."""
+        z = dot.astype(np.float32) * np.float32(self.affinity / np.sqrt(self.latent_dim))
+        z += np.float32(self.quality) * q.astype(np.float32)
+        z += np.float32(self.match) * match.astype(np.float32)
+        z += np.float32(self.bias)
+        z *= np.float32(0.5)
+        np.tanh(z, out=z)
+        z *= np.float32(0.5)
+        z += np.float32(0.5)
+        return z
+
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * x))

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from recpipe import schema
-from recpipe.datagen.world import S_ITEM_FEATURES, S_USER_FEATURES, World, rng_for
+from recpipe.datagen.world import S_ITEM_FEATURES, S_USER_FEATURES, World, rng_for, uniform_noise
 
 
 def _skewed(rng: np.random.Generator, n: int, card: int, power: float = 2.0) -> np.ndarray:
@@ -43,14 +43,14 @@ def item_block(world: World, block: int, lo: int, hi: int) -> pa.Table:
     rng = rng_for(world.cfg.seed, S_ITEM_FEATURES, block)
     n = hi - lo
     cat, brand, shop = it.cat[lo:hi], it.brand[lo:hi], it.shop[lo:hi]
-    v, q, w = it.v[lo:hi].astype(np.float64), it.q[lo:hi].astype(np.float64), it.w[lo:hi]
+    v, q, w = it.v(lo, hi).astype(np.float64), it.q[lo:hi].astype(np.float64), it.w[lo:hi]
     top = p.cat_top[cat]
     card = {c.name: world.cfg.cardinality(schema.ITEMS, c.name) for c in schema.ITEMS.categorical}
 
     log_price = p.cat_log_price[cat] + 0.15 * q + rng.normal(0.0, 0.6, n)
     promoted = np.minimum((rng.random(n) ** 4 * 3).astype(np.int32), 2)
     ship_class = _skewed(rng, n, card["i_cat_12"], 1.5)
-    signal = v @ p.item_proj + rng.normal(0.0, 0.25, (n, 12))
+    signal = v @ p.item_proj + 0.25 * uniform_noise(rng, (n, 12))
     cols: dict[str, np.ndarray] = {
         "item_id": np.arange(lo, hi, dtype=np.int64),
         "i_cont_00": np.round(np.exp(log_price), 2),
@@ -82,8 +82,9 @@ def item_block(world: World, block: int, lo: int, hi: int) -> pa.Table:
         "i_cat_12": ship_class,
         "i_cat_13": promoted,
         "i_cat_14": (shop % card["i_cat_14"]).astype(np.int32),
-        # weakly informative: the nearest of 40 random directions in latent space
-        "i_cat_15": np.argmax(v @ p.tag_dirs + rng.normal(0.0, 1.0, (n, p.tag_dirs.shape[1])), axis=1),
+        # weakly informative: for 60% of items the nearest of 40 random directions in latent space
+        "i_cat_15": np.where(rng.random(n) < 0.6, np.argmax(v @ p.tag_dirs, axis=1),
+                             rng.integers(0, p.tag_dirs.shape[1], n)),
     })
     return _finish(schema.ITEMS, cols, rng)
 
@@ -103,7 +104,7 @@ def user_block(world: World, block: int, lo: int, hi: int) -> pa.Table:
     orders = rng.poisson(3.0 * act)
     city = _skewed(rng, n, card["u_cat_04"], 2.5)
     discount = rng.beta(2.0, 5.0, n)
-    signal = u @ p.user_proj + rng.normal(0.0, 0.25, (n, 32))
+    signal = u @ p.user_proj + 0.25 * uniform_noise(rng, (n, 32))
     cols: dict[str, np.ndarray] = {
         "user_id": np.arange(lo, hi, dtype=np.int64),
         "u_cont_00": np.floor(age),

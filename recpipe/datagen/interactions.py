@@ -56,9 +56,15 @@ class InteractionSampler:
         fine = users.fine[user].astype(np.int64)
         table = w.cat_table
         cat = np.where(from_pref, pref, table.sample(fine, table.uniforms(rng, n)) - fine * w.params.n_cat)
-        item = items.sample(cat, rng)
-        dot = gather_dot(users.u, user, items.v, item)
-        p = sigmoid(model.logit(dot, items.q[item], cat == pref))
+        # item draws come back sorted by position, so the item-side data is read sequentially
+        pos, row = items.table.sample_sorted(cat, items.table.uniforms(rng, n))
+        u_of = user[row]
+        dot = gather_dot(users.u, u_of, items.v_pos, pos)
+        p_sorted = sigmoid(model.logit(dot, items.q_pos[pos], items.cat_pos[pos] == users.pref[u_of]))
+        item = np.empty(n, np.int64)
+        item[row] = items.order[pos]
+        p = np.empty(n, np.float64)
+        p[row] = p_sorted
         label = (rng.random(n) < p).astype(np.int8)
         hour = np.minimum(np.searchsorted(self._cum_hour, rng.random(n), side="right"), 23)
         second = np.sort(hour * 3600 + rng.integers(0, 3600, n))

@@ -38,16 +38,25 @@ class PackedTable:
         return rng.integers(1, (1 << self.uniform_bits) + 1, n, dtype=np.int64)
 
     def sample(self, rows: np.ndarray, r: np.ndarray) -> np.ndarray:
+        pos, idx = self.sample_sorted(rows, r)
+        out = np.empty(rows.shape[0], np.int64)
+        out[idx] = pos
+        return out
+
+    def sample_sorted(self, rows: np.ndarray, r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Like ``sample``, but as (flat index, query index) pairs in ascending flat-index order (per
+        batch of MAX_BATCH queries): gathering per-entry data in this order reads memory sequentially."""
         n = rows.shape[0]
-        out = np.empty(n, np.int64)
+        pos = np.empty(n, np.int64)
+        idx = np.empty(n, np.int64)
         for lo in range(0, n, MAX_BATCH):
             hi = min(n, lo + MAX_BATCH)
             q = ((rows[lo:hi].astype(np.int64) << self.uniform_bits) + r[lo:hi]) << BATCH_BITS
             q |= np.arange(hi - lo, dtype=np.int64)
             q.sort()
-            pos = np.searchsorted(self._keys, q, side="left")
-            out[lo + (q & (MAX_BATCH - 1))] = pos
-        return out
+            pos[lo:hi] = np.searchsorted(self._keys, q, side="left")
+            idx[lo:hi] = lo + (q & (MAX_BATCH - 1))
+        return pos, idx
 
 
 def table_from_weights(weights: np.ndarray) -> PackedTable:

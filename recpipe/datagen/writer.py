@@ -6,11 +6,14 @@ row-group size, dictionary columns, statistics); pyarrow writes no timestamps in
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 import shutil
 import tempfile
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -27,23 +30,76 @@ def arrow_schema(table: schema.Table) -> pa.Schema:
     return pa.schema([pa.field(c.name, pa.from_numpy_dtype(c.dtype)) for c in table.columns])
 
 
-def open_writer(path: Path, table: schema.Table) -> pq.ParquetWriter:
-    """A writer with every setting that affects the bytes pinned.
+class _HashingFile(io.RawIOBase):
+    """A write-only file that hashes what passes through, so no second read of the file is needed."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self._f = open(path, "wb")  # noqa: SIM115 (closed in close())
+        self.sha = hashlib.sha256()
+        self._pos = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: Any) -> int:
+        mv = memoryview(b).cast("B")
+        self.sha.update(mv)
+        self._f.write(mv)
+        self._pos += mv.nbytes
+        return mv.nbytes
+
+    def tell(self) -> int:
+        return self._pos
+
+    def flush(self) -> None:
+        self._f.flush()
+
+    def close(self) -> None:
+        super().close()  # flushes first
+        self._f.close()
+
+
+class TableFile:
+    """One Parquet file written in row groups with every setting that affects the bytes pinned.
 
     Dictionary encoding only for categoricals with few values: for floats and ids it is tried, then
-    abandoned page by page, which costs time for nothing.
+    abandoned page by page, which costs time for nothing. ``sha256`` is ready after the ``with``.
     """
-    dict_cols = [c.name for c in table.columns if c.kind is schema.Kind.CATEGORICAL and c.cardinality <= 1 << 16]
-    if table is schema.INTERACTIONS:
-        dict_cols = ["label"]
-    return pq.ParquetWriter(
-        path, arrow_schema(table), compression="snappy", use_dictionary=dict_cols, write_statistics=True,
-        version="2.6", data_page_version="1.0", store_schema=True,
-    )
 
+    def __init__(self, path: Path, table: schema.Table) -> None:
+        self.path = path
+        self.table = table
+        self.sha256 = ""
+        self._sink: _HashingFile | None = None
+        self._writer: pq.ParquetWriter | None = None
 
-def write_table(writer: pq.ParquetWriter, data: pa.Table) -> None:
-    writer.write_table(data, row_group_size=ROW_GROUP_ROWS)
+    def __enter__(self) -> TableFile:
+        table = self.table
+        dict_cols = [c.name for c in table.columns
+                     if c.kind is schema.Kind.CATEGORICAL and c.cardinality <= 1 << 16]
+        if table is schema.INTERACTIONS:
+            dict_cols = ["label"]
+        self._sink = _HashingFile(self.path)
+        self._writer = pq.ParquetWriter(
+            self._sink, arrow_schema(table), compression="snappy", use_dictionary=dict_cols,
+            write_statistics=True, version="2.6", data_page_version="1.0", store_schema=True,
+        )
+        return self
+
+    def write(self, data: pa.Table) -> None:
+        assert self._writer is not None, "TableFile.write outside its with-block"
+        self._writer.write_table(data, row_group_size=ROW_GROUP_ROWS)
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        try:
+            if self._writer is not None:
+                self._writer.close()
+        finally:
+            if self._sink is not None:
+                self._sink.close()
+                self.sha256 = self._sink.sha.hexdigest()
 
 
 class DatasetDir:

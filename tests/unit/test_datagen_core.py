@@ -58,10 +58,14 @@ def test_oracle_top_k_is_exact() -> None:
     world = make_world(DatagenConfig(scale=0.005, seed=5), DEFAULT_MODEL, 90)
     scorer = _TrueScorer(world)
     it, us, model = world.items, world.users, world.model
-    for user in range(0, us.n, 97):
-        lpc = scorer.log_p_cat(user)
-        logit = model.logit(it.v @ us.u[user], it.q, it.cat == us.pref[user])
+    for user in range(0, us.n, 37):
+        with np.errstate(divide="ignore"):
+            lpc = np.log(scorer.p_cat(user))
+        logit = model.logit(it.v(0, it.n) @ us.u[user], it.q, it.cat == us.pref[user])
         full = lpc[it.cat] + np.log(it.w / it.cat_weight[it.cat]) + log_sigmoid(logit)
-        expected = np.argsort(-full, kind="stable")[:50]
         got = scorer.top_k(user, 50)
-        assert set(got.tolist()) == set(expected.tolist())
+        assert got.shape == (50,) and np.unique(got).shape == (50,)
+        # the same set as brute force, up to float32 ties at the boundary
+        kth = np.sort(full)[-50]
+        assert full[got].min() >= kth - 1e-4
+        assert np.sum(full > kth + 1e-4) <= np.sum(np.isin(np.flatnonzero(full > kth + 1e-4), got))
