@@ -60,8 +60,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"cannot write {args.out}: {e.strerror or e}") from None
     if interactive:
         rows, orc = manifest["rows"], manifest["oracle"]
+
+        def num(x: float | None) -> str:
+            return "n/a" if x is None else f"{x:.3f}"
+
         print(f"wrote {args.out}: {rows['users']:,} users, {rows['items']:,} items, "
               f"{rows['interactions']:,} interactions in {time.perf_counter() - t0:.1f} s "
-              f"(click rate {manifest['stats']['click_rate']:.3f}, oracle AUC {orc['auc']}, "
-              f"oracle recall@500 {orc['recall_at_500']})", file=sys.stderr)
+              f"(click rate {num(manifest['stats']['click_rate'])}, oracle AUC {num(orc['auc'])}, "
+              f"oracle recall@500 {num(orc['recall_at_500'])})", file=sys.stderr)
     return 0

@@ -60,9 +60,9 @@ class _Progress:
 
 
 class _Stream:
-    """One output file: its pieces are made by the pool and written here in order."""
+    """One output file: its pieces are made by the pool (or already submitted) and written here in order."""
 
-    def __init__(self, file: TableFile, makers: list[Callable[[], Any]],
+    def __init__(self, file: TableFile, makers: list[Callable[[], Any] | Future[Any]],
                  write: Callable[[TableFile, Any], None]) -> None:
         self.file = file
         self.makers = deque(makers)
@@ -133,7 +133,22 @@ def write_dataset(cfg: DatagenConfig, out: Path, model: ClickModel = DEFAULT_MOD
 
 
 def _write_dataset(cfg: DatagenConfig, out: Path, model: ClickModel, progress: bool) -> dict[str, Any]:
-    world = make_world(cfg, model, DAYS)
+    pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="datagen")
+
+    def each(fn: Callable[[int, int, int], None], bl: list[tuple[int, int]]) -> None:
+        for f in [pool.submit(fn, b, lo, hi) for b, (lo, hi) in enumerate(bl)]:
+            f.result()
+
+    try:
+        world = make_world(cfg, model, DAYS, each)
+        return _write_files(cfg, out, world, pool, progress)
+    finally:
+        # on an error or Ctrl-C, drop the queued pieces instead of generating them for nothing
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _write_files(cfg: DatagenConfig, out: Path, world: World, pool: ThreadPoolExecutor,
+                 progress: bool) -> dict[str, Any]:
     sampler = InteractionSampler(world, cfg.n_interactions, DAYS)
     log = _InteractionLog(world, sampler)
     user_blocks, item_blocks = blocks(world.users.n), blocks(world.items.n)
@@ -144,13 +159,12 @@ def _write_dataset(cfg: DatagenConfig, out: Path, model: ClickModel, progress: b
         file.write(data)
 
     try:
-        with ThreadPoolExecutor(max_workers=WORKERS) as pool, files["users"], files["items"], \
-                files["interactions"]:
+        with files["users"], files["items"], files["interactions"]:
             # held-out days first, so that the oracle can start while the rest is generated
             early = {d: pool.submit(sampler.day, d) for d in log.holdout_days}
 
-            days: list[Callable[[], Any]] = [early[d].result if d in early else partial(sampler.day, d)
-                                             for d in range(DAYS)]
+            days: list[Callable[[], Any] | Future[Any]] = [early.get(d) or partial(sampler.day, d)
+                                                           for d in range(DAYS)]
             streams = [
                 _Stream(files["users"], [partial(features.user_block, world, b, lo, hi)
                                          for b, (lo, hi) in enumerate(user_blocks)], write_table),
@@ -162,7 +176,8 @@ def _write_dataset(cfg: DatagenConfig, out: Path, model: ClickModel, progress: b
             while not all(s.done for s in streams) or not orc.done:
                 for s in streams:
                     while s.makers and len(s.pending) < LOOKAHEAD:
-                        s.pending.append(pool.submit(s.makers.popleft()))
+                        m = s.makers.popleft()
+                        s.pending.append(m if isinstance(m, Future) else pool.submit(m))
                 orc.advance()
                 heads = [s.pending[0] for s in streams if s.pending] + orc.pending
                 wait(heads, return_when=FIRST_COMPLETED)

@@ -6,6 +6,7 @@ ranges (``BLOCK_ROWS``) or days, so the bytes do not depend on threads or on how
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +25,15 @@ def rng_for(seed: int, stream: int, block: int = 0) -> np.random.Generator:
 
 def blocks(n: int, size: int = BLOCK_ROWS) -> list[tuple[int, int]]:
     return [(s, min(n, s + size)) for s in range(0, n, size)]
+
+
+#: Runs ``fn(b, lo, hi)`` for each block ``b`` = (lo, hi); blocks write disjoint slices, so any order works.
+Each = Callable[[Callable[[int, int, int], None], list[tuple[int, int]]], None]
+
+
+def serially(fn: Callable[[int, int, int], None], bl: list[tuple[int, int]]) -> None:
+    for b, (lo, hi) in enumerate(bl):
+        fn(b, lo, hi)
 
 
 def uniform_noise(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
@@ -161,7 +171,7 @@ class Items:
         return take_rows(self.v_pos, self.rank[lo:hi])
 
 
-def make_items(cfg: DatagenConfig, model: ClickModel, p: Params) -> Items:
+def make_items(cfg: DatagenConfig, model: ClickModel, p: Params, each: Each = serially) -> Items:
     n = cfg.n_items
     cat = np.empty(n, np.int32)
     brand = np.empty(n, np.int32)
@@ -170,7 +180,8 @@ def make_items(cfg: DatagenConfig, model: ClickModel, p: Params) -> Items:
     q = np.empty(n, np.float32)
     w = np.empty(n, np.float64)
     cum_cat = np.cumsum(p.cat_probs)
-    for b, (lo, hi) in enumerate(blocks(n)):
+
+    def block(b: int, lo: int, hi: int) -> None:
         rng = rng_for(cfg.seed, S_ITEMS, b)
         m = hi - lo
         c = np.minimum(np.searchsorted(cum_cat, rng.random(m), side="right"), p.n_cat - 1)
@@ -187,11 +198,12 @@ def make_items(cfg: DatagenConfig, model: ClickModel, p: Params) -> Items:
         v[lo:hi] = take_rows(p.cat_vec, c) + model.brand_weight * take_rows(p.brand_vec, br) + model.item_noise * noise
         q[lo:hi] = qq
         w[lo:hi] = pareto * np.exp(model.quality_popularity * qq)
+
+    each(block, blocks(n))
     order = np.lexsort((-w, cat)).astype(np.int64)
     rank = np.empty(n, np.int64)
     rank[order] = np.arange(n)
-    v_pos = take_rows(v, order)
-    del v
+    v = take_rows(v, order)  # by position from here on; the id-ordered copy is freed
     counts = np.bincount(cat, minlength=p.n_cat)
     cat_start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     ws = w[order]
@@ -202,7 +214,7 @@ def make_items(cfg: DatagenConfig, model: ClickModel, p: Params) -> Items:
     share = (cs - before[cat_pos]) / cat_weight[cat_pos]
     share[cat_start[1:][counts > 0] - 1] = 1.0
     return Items(cat=cat, brand=brand, shop=shop, q=q, w=w, order=order, rank=rank, cat_start=cat_start,
-                 cat_weight=cat_weight, v_pos=v_pos, q_pos=q[order], cat_pos=cat_pos,
+                 cat_weight=cat_weight, v_pos=v, q_pos=q[order], cat_pos=cat_pos,
                  table=PackedTable(share, cat_pos, p.n_cat))
 
 
@@ -230,14 +242,16 @@ class Users:
         return int(self.fine.shape[0])
 
 
-def make_users(cfg: DatagenConfig, model: ClickModel, p: Params, cat_table: PackedTable) -> Users:
+def make_users(cfg: DatagenConfig, model: ClickModel, p: Params, cat_table: PackedTable,
+               each: Each = serially) -> Users:
     n = cfg.n_users
     fine = np.empty(n, np.int32)
     pref = np.empty(n, np.int32)
     u = np.empty((n, p.k), np.float32)
     act = np.empty(n, np.float64)
     cum_fine = np.cumsum(p.fine_probs)
-    for b, (lo, hi) in enumerate(blocks(n)):
+
+    def block(b: int, lo: int, hi: int) -> None:
         rng = rng_for(cfg.seed, S_USERS, b)
         m = hi - lo
         f = np.minimum(np.searchsorted(cum_fine, rng.random(m), side="right"), p.n_fine - 1)
@@ -247,6 +261,8 @@ def make_users(cfg: DatagenConfig, model: ClickModel, p: Params, cat_table: Pack
         pref[lo:hi] = c
         u[lo:hi] = take_rows(p.taste, f) + model.user_pref_weight * take_rows(p.cat_vec, c) + model.user_noise * noise
         act[lo:hi] = np.exp(model.activity_sigma * rng.standard_normal(m))
+
+    each(block, blocks(n))
     return Users(fine=fine, pref=pref, u=u, activity=act)
 
 
@@ -261,10 +277,11 @@ class World:
     cat_table: PackedTable  # p_cat, for sampling (flat index = fine * n_cat + category)
 
 
-def make_world(cfg: DatagenConfig, model: ClickModel, days: int) -> World:
+def make_world(cfg: DatagenConfig, model: ClickModel, days: int, each: Each = serially) -> World:
+    """The hidden world; ``each`` may run the per-block work on several threads (same result)."""
     params = make_params(cfg, model, days)
-    items = make_items(cfg, model, params)
+    items = make_items(cfg, model, params, each)
     p_cat = exposure_table(model, params, items)
     cat_table = table_from_weights(p_cat)
-    users = make_users(cfg, model, params, cat_table)
+    users = make_users(cfg, model, params, cat_table, each)
     return World(cfg=cfg, model=model, params=params, items=items, users=users, p_cat=p_cat, cat_table=cat_table)

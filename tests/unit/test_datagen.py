@@ -271,3 +271,11 @@ def test_load_manifest_and_verify_name_the_broken_file(tmp_path: Path) -> None:
                                                    "sha256": {}, "oracle": {}}))
     with pytest.raises(ArtifactMismatch, match="schema_version"):
         load_manifest(out)
+
+
+def test_tiniest_scale_is_valid(tmp_path: Path) -> None:
+    """One user, one item, four interactions, no held-out rows: an oracle of nulls, not a crash."""
+    m = generate(DatagenConfig(scale=1e-6, seed=0), tmp_path / "d")
+    assert m["rows"] == {"users": 1, "items": 1, "interactions": 4}
+    assert m["split"]["holdout_rows"] == 0 and m["oracle"]["auc"] is None
+    verify(tmp_path / "d")
