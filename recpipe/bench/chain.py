@@ -136,13 +136,38 @@ def run(args: argparse.Namespace) -> int:
     verdict = "meets" if ratio <= TARGET_RATIO else "MISSES"
     print(f"end to end p50: gRPC {g_e2e.p50 / 1000:.3f} ms vs in-process {l_e2e.p50 / 1000:.3f} ms = {ratio:.2f}x "
           f"({verdict} the {TARGET_RATIO}x target); p99 ratio {g_e2e.p99 / l_e2e.p99:.2f}x")
+    overhead = attribute_overhead(grpc_recs, grpc_us, local_us)
+    print("where gRPC's extra time goes (p50 per query, ms): " + ", ".join(
+        f"{name} {value / 1000:.3f}" for name, value in overhead.items()))
     print(f"answers that differ between the two chains: {disagree} of {len(grpc_recs)}")
     if args.out is not None:
         report = {"queries": args.queries, "num_candidates": k, "num_results": n, "device": args.device,
-                  "threads": args.threads, "workers": args.workers, "stages": rows, "disagreements": disagree,
+                  "threads": args.threads, "workers": args.workers, "stages": rows, "disagreements": disagree, "overhead_p50_us": overhead,
                   "end_to_end": {"grpc_p50_us": g_e2e.p50, "grpc_p99_us": g_e2e.p99,
                                  "inprocess_p50_us": l_e2e.p50, "inprocess_p99_us": l_e2e.p99, "ratio_p50": ratio}}
         tmp = args.out.with_name(args.out.name + ".tmp")
         tmp.write_text(json.dumps(report, indent=2) + "\n")
         tmp.replace(args.out)
     return 0
+
+
+def attribute_overhead(recs: list[Any], client_us: list[int], local_us: list[int]) -> dict[str, float]:
+    """Medians over queries of: the four stage hops (observed - server), the gateway's own work
+    (its total - the hops it observed), the client -> gateway hop (client - gateway total), and the
+    paired difference gRPC - in-process end to end."""
+    import numpy as np
+
+    hops, gateway, front = [], [], []
+    for rec, c in zip(recs, client_us, strict=True):
+        observed = sum(rec.timing(s).observed_us for s in STAGES)
+        hops.append(observed - sum(rec.timing(s).server_us for s in STAGES))
+        total = rec.timing(TOTAL_STAGE).server_us
+        gateway.append(total - observed)
+        front.append(c - total)
+    paired = np.asarray(client_us) - np.asarray(local_us)
+    return {
+        "stage hops": float(np.median(hops)),
+        "gateway work": float(np.median(gateway)),
+        "client hop": float(np.median(front)),
+        "gRPC - in-process": float(np.median(paired)),
+    }

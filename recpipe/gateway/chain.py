@@ -24,9 +24,14 @@ from recpipe.config import (
     TOTAL_STAGE,
 )
 from recpipe.errors import BadRequest, DeadlineExceeded
-from recpipe.types import Candidates, ItemFeatures, UserFeatures
 
 T = TypeVar("T", covariant=True)
+U = TypeVar("U")
+I = TypeVar("I")  # noqa: E741 - U(ser) and I(tems), the two payloads
+U_co = TypeVar("U_co", covariant=True)
+I_co = TypeVar("I_co", covariant=True)
+U_contra = TypeVar("U_contra", contravariant=True)
+I_contra = TypeVar("I_contra", contravariant=True)
 
 
 @dataclass(frozen=True)
@@ -38,22 +43,30 @@ class StageResult(Generic[T]):
     model_version: str = ""
 
 
-class FeatureClient(Protocol):
-    async def augment_user(self, user_id: int, timeout: float | None) -> StageResult[UserFeatures]: ...
-
-    async def augment_items(
-        self, user_id: int, item_ids: np.ndarray, timeout: float | None
-    ) -> StageResult[ItemFeatures]: ...
+# The user's and the items' features are opaque to the chain: it hands what the feature client
+# returned to the retrieval and ranking clients unchanged. In process they are ``UserFeatures`` and
+# ``ItemFeatures``; over gRPC they are the stage's response messages, forwarded tensor by tensor without
+# being decoded and re-encoded in the gateway (the next stage validates them when it decodes them).
 
 
-class RetrievalClient(Protocol):
+class FeatureClient(Protocol[U_co, I_co]):
+    async def augment_user(self, user_id: int, timeout: float | None) -> StageResult[U_co]: ...
+
+    async def augment_items(self, user_id: int, item_ids: np.ndarray, timeout: float | None) -> StageResult[I_co]: ...
+
+
+class RetrievalClient(Protocol[U_contra]):
     async def num_items(self, timeout: float | None) -> int: ...
 
-    async def retrieve(self, user: UserFeatures, k: int, timeout: float | None) -> StageResult[Candidates]: ...
+    async def retrieve(self, user: U_contra, k: int, timeout: float | None) -> StageResult[np.ndarray]:
+        """(k,) int64 item ids, best first."""
+        ...
 
 
-class RankingClient(Protocol):
-    async def rank(self, user: UserFeatures, items: ItemFeatures, timeout: float | None) -> StageResult[np.ndarray]: ...
+class RankingClient(Protocol[U_contra, I_contra]):
+    async def rank(self, user: U_contra, items: I_contra, timeout: float | None) -> StageResult[np.ndarray]:
+        """(k,) float32 scores in the order of ``items``."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -79,10 +92,12 @@ class Recommendation:
         raise KeyError(stage)
 
 
-class Chain:
+class Chain(Generic[U, I]):
     """The gateway's logic over three stage clients."""
 
-    def __init__(self, features: FeatureClient, retrieval: RetrievalClient, ranking: RankingClient) -> None:
+    def __init__(
+        self, features: FeatureClient[U, I], retrieval: RetrievalClient[U], ranking: RankingClient[U, I]
+    ) -> None:
         self.features = features
         self.retrieval = retrieval
         self.ranking = ranking
@@ -129,7 +144,7 @@ class Chain:
         t2 = time.perf_counter_ns()
         timings.append(StageTiming(STAGES[1], found.server_us, (t2 - t1) // 1000))
         # FAISS pads with -1 when an approximate search finds fewer than k neighbours.
-        ids = found.value.item_ids
+        ids = found.value
         if ids.size and ids.min() < 0:
             ids = ids[ids >= 0]
         if ids.size == 0:

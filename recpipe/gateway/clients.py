@@ -19,7 +19,6 @@ from recpipe.errors import ArtifactMismatch, RecpipeError, StageUnavailable
 from recpipe.gateway.chain import StageResult
 from recpipe.serving.channels import make_channel
 from recpipe.serving.status import error_for
-from recpipe.types import Candidates, ItemFeatures, UserFeatures
 from recpipe.v1 import (
     features_pb2,
     features_pb2_grpc,
@@ -60,32 +59,22 @@ class _StageChannel:
 
 
 class GrpcFeatureClient:
+    """Returns the stage's response messages as the user/items payloads (forwarded, not decoded)."""
+
     def __init__(self, target: str) -> None:
         self._ch = _StageChannel("features", target)
         self._stub = features_pb2_grpc.FeatureServiceStub(self._ch.channel)
 
-    async def augment_user(self, user_id: int, timeout: float | None) -> StageResult[UserFeatures]:
+    async def augment_user(self, user_id: int, timeout: float | None) -> StageResult[features_pb2.AugmentUserResponse]:
         r = await self._ch.call(self._stub.AugmentUser, features_pb2.AugmentUserRequest(user_id=user_id), timeout)
-        user = UserFeatures(
-            user_id=r.user_id,
-            dense=_decode(r.dense, "features", "dense", "float32", (None,)),
-            sparse=_decode(r.sparse, "features", "sparse", "int64", (None,)),
-            recent_items=_decode(r.recent_items, "features", "recent_items", "int64", (None,)),
-        )
-        return StageResult(user, r.server_us)
+        return StageResult(r, r.server_us)
 
     async def augment_items(
         self, user_id: int, item_ids: np.ndarray, timeout: float | None
-    ) -> StageResult[ItemFeatures]:
+    ) -> StageResult[features_pb2.AugmentItemsResponse]:
         request = features_pb2.AugmentItemsRequest(user_id=user_id, item_ids=codec.encode(item_ids))
         r = await self._ch.call(self._stub.AugmentItems, request, timeout)
-        k = item_ids.shape[0]
-        items = ItemFeatures(
-            item_ids=item_ids,
-            dense=_decode(r.dense, "features", "dense", "float32", (k, None)),
-            sparse=_decode(r.sparse, "features", "sparse", "int64", (k, None)),
-        )
-        return StageResult(items, r.server_us)
+        return StageResult(r, r.server_us)
 
     async def close(self) -> None:
         await self._ch.close()
@@ -104,17 +93,15 @@ class GrpcRetrievalClient:
         except (KeyError, ValueError):
             raise StageUnavailable(f"retrieval at {self._ch.target} is still loading") from None
 
-    async def retrieve(self, user: UserFeatures, k: int, timeout: float | None) -> StageResult[Candidates]:
+    async def retrieve(
+        self, user: features_pb2.AugmentUserResponse, k: int, timeout: float | None
+    ) -> StageResult[np.ndarray]:
         request = retrieval_pb2.RetrieveRequest(
-            user_dense=codec.encode(user.dense),
-            user_sparse=codec.encode(user.sparse),
-            recent_items=codec.encode(user.recent_items),
-            k=k,
+            user_dense=user.dense, user_sparse=user.sparse, recent_items=user.recent_items, k=k
         )
         r = await self._ch.call(self._stub.Retrieve, request, timeout)
         ids = _decode(r.item_ids, "retrieval", "item_ids", "int64", (None,))
-        scores = _decode(r.scores, "retrieval", "scores", "float32", ids.shape)
-        return StageResult(Candidates(ids, scores), r.server_us, r.model_version)
+        return StageResult(ids, r.server_us, r.model_version)
 
     async def close(self) -> None:
         await self._ch.close()
@@ -125,15 +112,15 @@ class GrpcRankingClient:
         self._ch = _StageChannel("ranking", target)
         self._stub = ranking_pb2_grpc.RankingServiceStub(self._ch.channel)
 
-    async def rank(self, user: UserFeatures, items: ItemFeatures, timeout: float | None) -> StageResult[np.ndarray]:
+    async def rank(
+        self, user: features_pb2.AugmentUserResponse, items: features_pb2.AugmentItemsResponse, timeout: float | None
+    ) -> StageResult[np.ndarray]:
         request = ranking_pb2.RankRequest(
-            user_dense=codec.encode(user.dense),
-            user_sparse=codec.encode(user.sparse),
-            item_dense=codec.encode(items.dense),
-            item_sparse=codec.encode(items.sparse),
+            user_dense=user.dense, user_sparse=user.sparse, item_dense=items.dense, item_sparse=items.sparse
         )
         r = await self._ch.call(self._stub.Rank, request, timeout)
-        scores = _decode(r.scores, "ranking", "scores", "float32", (items.dense.shape[0],))
+        k = items.dense.shape[0] if items.dense.shape else None
+        scores = _decode(r.scores, "ranking", "scores", "float32", (k,))
         return StageResult(scores, r.server_us, r.model_version)
 
     async def close(self) -> None:

@@ -11,7 +11,7 @@ from recpipe.features.servicer import FeatureCoreLike
 from recpipe.gateway.chain import StageResult
 from recpipe.ranking.servicer import RankingCoreLike
 from recpipe.retrieval.servicer import RetrievalCoreLike
-from recpipe.types import Candidates, ItemFeatures, UserFeatures
+from recpipe.types import ItemFeatures, UserFeatures
 
 
 def _us(start: int) -> int:
@@ -42,10 +42,10 @@ class LocalRetrievalClient:
     async def num_items(self, timeout: float | None) -> int:
         return int(self.core.num_items)
 
-    async def retrieve(self, user: UserFeatures, k: int, timeout: float | None) -> StageResult[Candidates]:
+    async def retrieve(self, user: UserFeatures, k: int, timeout: float | None) -> StageResult[np.ndarray]:
         start = time.perf_counter_ns()
         found = self.core.retrieve(user, k)
-        return StageResult(found, _us(start), self.core.model_version)
+        return StageResult(found.item_ids, _us(start), self.core.model_version)
 
 
 class LocalRankingClient:
