@@ -37,6 +37,10 @@ def run(args: argparse.Namespace) -> int:
     from recpipe.cli import main
 
     data, models = args.workdir / "data", args.workdir / "models"
+    try:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--workdir {args.workdir}: cannot create it ({e})") from None
     force = ["--force"] if args.force else []
     if args.force or not (data / "manifest.json").exists():
         _step(f"synth-data: scale {args.scale} -> {data}")
@@ -85,13 +89,13 @@ def _serve_and_measure(args: argparse.Namespace, data: Path, models: Path) -> in
         with RecommendClient(addresses["features"]) as probe:
             num_users = int(probe.info().details["num_users"])
         with RecommendClient(addresses["gateway"]) as client:
-            info = client.info()
             rng = np.random.default_rng(args.seed)
             warm = rng.integers(0, num_users, size=min(20, args.queries))
             run_sequential(client, warm.tolist(), args.num_candidates, args.num_results)
             users = rng.integers(0, num_users, size=args.queries)
             _step(f"{args.queries} sequential queries (warm-up {len(warm)} not counted)")
             recs, client_us = run_sequential(client, users.tolist(), args.num_candidates, args.num_results)
+            info = client.info()
         with RecommendClient(addresses["ranking"]) as probe:
             device = probe.info().device
     finally:
