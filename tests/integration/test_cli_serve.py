@@ -128,3 +128,22 @@ def test_sigterm_drains_and_stops_every_stage(served):
 def test_serve_rejects_missing_directories(tmp_path, capsys):
     assert main(["serve", "--models", str(tmp_path / "nope"), "--data", str(tmp_path)]) == 2
     assert "--models" in capsys.readouterr().err
+
+
+def test_demo_reuses_a_workdir_and_prints_the_latency_table(small_models, small_dataset, tmp_path, capsys):
+    (tmp_path / "data").symlink_to(small_dataset, target_is_directory=True)
+    (tmp_path / "models").symlink_to(small_models, target_is_directory=True)
+    assert main(["demo", "--workdir", str(tmp_path), "--queries", "30", "--num-candidates", "100"]) == 0
+    out = capsys.readouterr().out
+    assert "reusing" in out
+    assert "per-stage latency, 30 queries, num_candidates 100" in out
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.split()[:1] in
+            (["augment_user"], ["retrieve"], ["augment_items"], ["rank"], ["total"])}
+    assert set(rows) == {"augment_user", "retrieve", "augment_items", "rank", "total"}
+    for values in rows.values():
+        assert len(values) == 6 and all(float(v) > 0 for v in values)
+
+
+def test_demo_rejects_bad_arguments(capsys):
+    assert main(["demo", "--scale", "0"]) == 2
+    assert main(["demo", "--queries", "0"]) == 2
