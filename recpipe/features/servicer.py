@@ -14,6 +14,7 @@ from grpc import aio
 from recpipe import codec
 from recpipe.config import MAX_NUM_CANDIDATES
 from recpipe.errors import BadRequest, StageUnavailable
+from recpipe.serving import threads as thread_settings
 from recpipe.serving.stage import CoreRunner, Stage, StageInfo, check_deadline, elapsed_us
 from recpipe.types import ItemFeatures, UserFeatures
 from recpipe.v1 import features_pb2, features_pb2_grpc
@@ -49,6 +50,7 @@ class FeatureStage(Stage):
 
     async def load(self) -> None:
         self._core = await asyncio.to_thread(self._loader)
+        self._threads = thread_settings.in_use("polars") or self._threads
 
     def info(self) -> StageInfo:
         core = self._core

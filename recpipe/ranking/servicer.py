@@ -14,6 +14,7 @@ from grpc import aio
 from recpipe import codec, schema
 from recpipe.config import MAX_NUM_CANDIDATES
 from recpipe.errors import BadRequest, StageUnavailable
+from recpipe.serving import threads as thread_settings
 from recpipe.serving.stage import CoreRunner, Stage, StageInfo, check_deadline, elapsed_us
 from recpipe.types import ItemFeatures, UserFeatures
 from recpipe.v1 import ranking_pb2, ranking_pb2_grpc
@@ -49,6 +50,7 @@ class RankingStage(Stage):
 
     async def load(self) -> None:
         self._core = await asyncio.to_thread(self._loader)
+        self._threads = thread_settings.in_use("torch") or self._threads
 
     def info(self) -> StageInfo:
         core = self._core

@@ -26,7 +26,9 @@ def configure(threads: int, *, torch: bool = False, faiss: bool = False) -> None
         _faiss.omp_set_num_threads(threads)
 
 
-def polars_threads() -> int:
-    """The size of Polars' pool, if Polars is loaded (0 otherwise)."""
-    pl = sys.modules.get("polars")
-    return int(pl.thread_pool_size()) if pl is not None else 0
+def in_use(library: str) -> int:
+    """Compute threads ``library`` ("torch" or "polars") uses in this process (0 if it is not loaded)."""
+    module = sys.modules.get(library)
+    if module is None:
+        return 0
+    return int(module.get_num_threads() if library == "torch" else module.thread_pool_size())
