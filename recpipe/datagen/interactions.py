@@ -52,10 +52,11 @@ class InteractionSampler:
         rng = rng_for(w.cfg.seed, S_DAYS, d)
         user = self._users.sample(np.zeros(n, np.int64), self._users.uniforms(rng, n))
         from_pref = rng.random(n) < model.pref_mix
-        pref = users.pref[user]
-        fine = users.fine[user].astype(np.int64)
+        cat = users.pref[user].astype(np.int64)
+        other = np.flatnonzero(~from_pref)
+        fine = users.fine[user[other]].astype(np.int64)
         table = w.cat_table
-        cat = np.where(from_pref, pref, table.sample(fine, table.uniforms(rng, n)) - fine * w.params.n_cat)
+        cat[other] = table.sample(fine, table.uniforms(rng, other.shape[0])) - fine * w.params.n_cat
         # item draws come back sorted by position, so the item-side data is read sequentially
         pos, row = items.table.sample_sorted(cat, items.table.uniforms(rng, n))
         u_of = user[row]

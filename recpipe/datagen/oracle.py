@@ -60,11 +60,13 @@ class _TrueScorer:
     Ranking by ``p(exposure) * p(click)`` is ranking by the log score. ``p(click) <= 1``, so an item whose
     exposure probability ``p(cat | user) * w / W_cat`` is below the k-th best score found so far cannot
     make the top k. Items are kept sorted by category, then by popularity descending, so the items of
-    category ``c`` above a threshold are a prefix of its range, found by one ``searchsorted`` for all
-    categories at once. Scores are float32: a tie at the boundary may resolve either way.
+    category ``c`` above a threshold are a prefix of its range, whose length a table lookup bounds. Scores are float32: a tie at the boundary may resolve either way.
     """
 
-    _OFF = 1.0e3  # > any -log(w / W_cat) here, so cat * _OFF - log(w / W_cat) is sorted
+    #: Per category, how many items have log(w / W_c) >= -j * _STEP, for j < _LEVELS: a lookup that
+    #: rounds a threshold down to a level replaces a binary search (cache misses) per category.
+    _STEP = 0.25
+    _LEVELS = 160
 
     def __init__(self, world: World) -> None:
         self.w = world
@@ -75,11 +77,17 @@ class _TrueScorer:
         self.size = np.diff(it.cat_start)
         rel = it.w[self.perm] / it.cat_weight[self.cat_sorted]
         self.rel = rel.astype(np.float32)
-        self.search_key = self.cat_sorted * self._OFF - np.log(rel)
+        # log(w / W_c) is descending within each category; level j of category c counts the prefix
+        # with -log(w / W_c) <= j * _STEP
+        level = np.minimum(np.ceil(-np.log(rel) / self._STEP), self._LEVELS).astype(np.int64)
+        hist = np.zeros((world.params.n_cat, self._LEVELS + 1), np.int64)
+        np.add.at(hist, (self.cat_sorted, level), 1)
+        self.level_count = np.cumsum(hist, axis=1)
+        self.level_count[:, -1] = self.size  # beyond the last level: every item of the category
         self.v = it.v_pos
         self.q = it.q_pos
         self.n_cat = world.params.n_cat
-        self.band = np.arange(self.n_cat) * self._OFF
+        self.cats = np.arange(self.n_cat)
 
     def p_cat(self, user: int) -> np.ndarray:
         """p(category | user), float64 (n_cat,)."""
@@ -108,14 +116,13 @@ class _TrueScorer:
         s = self.scores(user, pc, pos)
         kth = float(np.partition(s, s.shape[0] - k)[s.shape[0] - k]) if s.shape[0] >= k else 0.0
         if kth > 0.0:
-            # items of category c with log(w / W_c) >= log(kth / p_c) can beat kth (with a little slack
-            # for float32 rounding)
+            # items of category c with log(w / W_c) >= log(kth / p_c) can beat kth; rounding the
+            # threshold down to a level (and a little slack for float32) only adds candidates
             ok = pc64 > 0
             with np.errstate(divide="ignore"):
-                need = np.log(kth * (1.0 - 1e-5)) - np.log(pc64)
-            keys = self.band + np.clip(-need, 0.0, self._OFF * 0.999)
-            count = np.searchsorted(self.search_key, keys, side="right") - self.start[:-1]
-            count = np.where(ok, np.clip(count, 0, self.size), 0)
+                need = np.log(kth * (1.0 - 1e-5)) - np.log(np.where(ok, pc64, 1.0))
+            level = np.clip(np.ceil(-need / self._STEP), 0, self._LEVELS).astype(np.int64)
+            count = np.where(ok, self.level_count[self.cats, level], 0)
             pos = _ranges(self.start[:-1], count)
         else:
             pos = np.arange(self.perm.shape[0])

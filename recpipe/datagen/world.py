@@ -200,7 +200,9 @@ def make_items(cfg: DatagenConfig, model: ClickModel, p: Params, each: Each = se
         w[lo:hi] = pareto * np.exp(model.quality_popularity * qq)
 
     each(block, blocks(n))
-    order = np.lexsort((-w, cat)).astype(np.int64)
+    # by category, then popularity descending: cat + 1/(1+w) orders both at once (w > 0), and a float
+    # argsort is several times faster than lexsort
+    order = np.argsort(cat + 1.0 / (1.0 + w), kind="stable").astype(np.int64)
     rank = np.empty(n, np.int64)
     rank[order] = np.arange(n)
     v = take_rows(v, order)  # by position from here on; the id-ordered copy is freed

