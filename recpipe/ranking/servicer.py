@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from time import perf_counter_ns
@@ -88,6 +89,10 @@ _NO_HISTORY = np.empty(0, dtype=np.int64)
 
 def load_stage(models_dir: Path, *, device: str = "auto", threads: int = 0, workers: int = 0) -> RankingStage:
     """The ranking stage over the real ``RankingCore`` (imported here: it pulls in torch)."""
+
+    # Decoded tensors are read-only views over the request bytes; the core only reads them, so torch's
+    # warning about wrapping a non-writable array (once per process, at the first request) is noise.
+    warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
 
     def loader() -> RankingCoreLike:
         from recpipe.ranking.core import RankingCore

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from time import perf_counter_ns
@@ -99,6 +100,10 @@ class RetrievalStage(Stage):
 
 def load_stage(models_dir: Path, *, device: str = "auto", threads: int = 0, workers: int = 0) -> RetrievalStage:
     """The retrieval stage over the real ``RetrievalCore`` (imported here: it pulls in torch and FAISS)."""
+
+    # Decoded tensors are read-only views over the request bytes; the core only reads them, so torch's
+    # warning about wrapping a non-writable array (once per process, at the first request) is noise.
+    warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
 
     def loader() -> RetrievalCoreLike:
         from recpipe.retrieval.core import RetrievalCore
