@@ -45,13 +45,13 @@ def _process_cpu_s(pid: int | None = None) -> float | None:
 async def _one(target: str, rate: float, args: argparse.Namespace) -> dict[str, Any]:
     from recpipe.querygen import clients, loops
     from recpipe.querygen.session import achieved_rate
-    from recpipe.querygen.workload import QueryStream, UserSpec, fixed_candidates, poisson_arrivals
+    from recpipe.querygen.workload import QueryStream, UserSpec, fixed_candidates, open_schedule
 
     channel = await clients.connect(target)
     try:
         queries = QueryStream(UserSpec("uniform", 1000), fixed_candidates(args.num_candidates), args.seed)
         send = clients.gateway_send(channel, queries, 10, 10.0)
-        arrivals = poisson_arrivals(rate, args.warmup + args.duration, args.seed)
+        arrivals = open_schedule(rate, args.warmup, args.duration, args.seed)
         rec = await loops.run_open(send, arrivals.tolist(), args.warmup)
     finally:
         await channel.close(None)

@@ -19,7 +19,7 @@ from recpipe.querygen.output import FORMAT
 from recpipe.querygen.progress import Progress
 from recpipe.querygen.recorder import Measurement, Recorder
 from recpipe.querygen.slo import SloSearch, SloStep, find_max_rate
-from recpipe.querygen.workload import QueryStream, UserSpec, poisson_arrivals
+from recpipe.querygen.workload import QueryStream, UserSpec, open_schedule
 
 FORMAT_VERSION = 1
 #: GetInfo detail key giving the user-id range 0..n-1: read from the gateway, else from the features
@@ -28,6 +28,8 @@ NUM_USERS_KEY = "num_users"
 #: send lag p99 above this means the generator, not the server, limited the offered load
 LAG_WARN_US = 1000.0
 _PROBE_TIMEOUT_S = 1.0
+#: fewest queries an SLO step should hold for its p99 to mean something
+MIN_STEP_QUERIES = 100
 
 
 def _now_utc() -> str:
@@ -153,7 +155,7 @@ class Session:
         planned = cfg.measured_duration
         if cfg.mode == "open":
             assert rate is not None and planned is not None
-            arrivals = poisson_arrivals(rate, cfg.warmup + planned, cfg.seed)
+            arrivals = open_schedule(rate, cfg.warmup, planned, cfg.seed)
             rec = await loops.run_open(self.send, arrivals.tolist(), cfg.warmup, progress)
         else:
             concurrency = cfg.concurrency if cfg.mode == "closed" else 1
@@ -189,7 +191,10 @@ async def execute(config: QuerygenConfig, stream: TextIO | None = None) -> dict[
         rate: float | None
         if config.slo_p99_ms is not None:
             assert config.rate is not None
-            search = SloSearch(config.slo_p99_ms * 1000, config.rate)
+            step_s = config.measured_duration or 0.0
+            # Below MIN_STEP_QUERIES per step a p99 is just the largest of a handful of samples.
+            search = SloSearch(config.slo_p99_ms * 1000, config.rate,
+                               min_rate=MIN_STEP_QUERIES / step_s if step_s else 0.5)
             best: dict[float, tuple[Measurement, float]] = {}
 
             async def step(rate: float) -> SloStep:
@@ -201,7 +206,7 @@ async def execute(config: QuerygenConfig, stream: TextIO | None = None) -> dict[
                                m.queries, m.error_count)
 
             result = await find_max_rate(search, step)
-            slo_json = result.to_json(search, config.measured_duration or 0.0)
+            slo_json = result.to_json(search, step_s)
             # The headline numbers are those of the best passing step (else the lowest rate tried).
             rate = result.max_rate if result.max_rate is not None else min(best)
             m, achieved = best[rate]
@@ -242,6 +247,10 @@ async def execute(config: QuerygenConfig, stream: TextIO | None = None) -> dict[
     if config.mode == "open" and rate and achieved < 0.95 * rate:
         warnings.append(f"achieved {achieved:.1f} of {rate:.1f} q/s: the server (or the generator) could "
                         "not keep up")
+    if slo_json is not None and slo_json["max_rate"] is None:
+        warnings.append(f"no rate met p99 <= {config.slo_p99_ms:g} ms down to "
+                        f"{min(c['target_rate'] for c in slo_json['curve']):.2f} q/s (steps under "
+                        f"{MIN_STEP_QUERIES} queries are not tried: a longer --duration reaches lower rates)")
     if m.error_count:
         warnings.append(f"{m.error_count} of {m.queries} queries failed: {doc['errors_by_code']}")
     if doc["workload"]["num_users_source"].startswith("default"):

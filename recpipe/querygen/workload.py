@@ -36,6 +36,16 @@ def poisson_arrivals(rate: float, duration: float, seed: int) -> np.ndarray:
     return times
 
 
+def open_schedule(rate: float, warmup: float, duration: float, seed: int) -> np.ndarray:
+    """Arrival times for an open-loop run: ``round(rate * warmup)`` arrivals in [0, warmup) and exactly
+    ``round(rate * duration)`` in [warmup, warmup + duration), each part a conditioned Poisson process
+    (see ``poisson_arrivals``), so the measured window holds its exact share however short it is."""
+    measured = warmup + poisson_arrivals(rate, duration, seed)
+    if warmup <= 0:
+        return measured
+    return np.concatenate([poisson_arrivals(rate, warmup, seed + 1_000_003), measured])
+
+
 @dataclass(frozen=True)
 class CandidateSpec:
     """How many candidates each query asks for: a fixed number, a lognormal, or a quantile table."""

@@ -13,6 +13,7 @@ from recpipe.querygen.workload import (
     UserSpec,
     fixed_candidates,
     load_quantile_file,
+    open_schedule,
     parse_lognormal,
     poisson_arrivals,
 )
@@ -35,6 +36,13 @@ def test_poisson_schedule_is_exact_count_float_seconds_and_exponential() -> None
 def test_poisson_schedule_is_seeded() -> None:
     a, b, c = poisson_arrivals(100, 2, 1), poisson_arrivals(100, 2, 1), poisson_arrivals(100, 2, 2)
     assert np.array_equal(a, b) and not np.array_equal(a, c)
+
+
+def test_open_schedule_puts_the_exact_count_in_the_measured_window() -> None:
+    t = open_schedule(7.5, warmup=1.0, duration=4.0, seed=5)
+    assert np.all(np.diff(t) > 0)
+    assert np.sum(t < 1.0) == 8 and np.sum((t >= 1.0) & (t < 5.0)) == 30 and t[-1] < 5.0
+    assert np.array_equal(open_schedule(7.5, 0.0, 4.0, 5), poisson_arrivals(7.5, 4.0, 5))
 
 
 @pytest.mark.parametrize("rate", [0.0, -5.0, float("nan"), float("inf")])
