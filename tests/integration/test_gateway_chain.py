@@ -159,3 +159,43 @@ def test_top_n_orders_and_cuts():
     assert top_ids.tolist() == [11, 13, 12]
     assert top_scores.tolist() == pytest.approx([0.9, 0.7, 0.5])
     assert top_n(ids, scores, 10)[0].tolist() == [11, 13, 12, 14, 10]
+
+
+def test_gateway_spreads_a_stage_over_several_addresses(toy_chain):
+    """A target naming several addresses (as a dns:/// name with several records resolves to) is
+    balanced round-robin by the gateway's channel."""
+    world, st = toy_chain["world"], toy_chain["servers"]
+    seen = {"a": 0, "b": 0}
+
+    def counting(key):
+        # Count both calls: round-robin alternates per call, so with two replicas AugmentUser may
+        # always land on one and AugmentItems on the other.
+        core = ToyFeatureCore(world)
+        user, items = core.augment_user, core.augment_items
+
+        def augment_user(user_id):
+            seen[key] += 1
+            return user(user_id)
+
+        def augment_items(user_id, item_ids):
+            seen[key] += 1
+            return items(user_id, item_ids)
+
+        core.augment_user = augment_user  # type: ignore[method-assign]
+        core.augment_items = augment_items  # type: ignore[method-assign]
+        return core
+
+    a = st.start(FeatureStage(lambda: counting("a")))
+    b = st.start(FeatureStage(lambda: counting("b")))
+    addresses = toy_chain["addresses"]
+    gateway = st.start(GatewayStage(f"ipv4:127.0.0.1:{a.port},127.0.0.1:{b.port}", addresses["retrieval"],
+                                    addresses["ranking"]))
+    try:
+        with grpc.insecure_channel(gateway.address) as channel:
+            stub = recommend_pb2_grpc.RecommendServiceStub(channel)
+            for _ in range(20):
+                recommend(stub, k=20, n=5)
+    finally:
+        for server in (gateway, a, b):
+            st.stop(server)
+    assert seen["a"] >= 10 and seen["b"] >= 10, seen

@@ -4,6 +4,8 @@ path, malformed tensors sent straight to each stage, health and reflection on ev
 
 from __future__ import annotations
 
+import urllib.request
+
 import grpc
 import numpy as np
 import pytest
@@ -222,5 +224,9 @@ def test_every_server_has_health_reflection_and_info(serving_chain):
         with RecommendClient(address) as c:
             info = c.info()
         assert info.stage == stage
+        server = getattr(serving_chain, stage)
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).read().decode()
+        assert f'recpipe_requests_total{{method="{service.removeprefix("recpipe.v1.")}/' in metrics
+        assert "recpipe_request_latency_seconds_bucket" in metrics and "recpipe_in_flight_requests" in metrics
         if stage != "gateway":
             assert info.model_version and info.device == "cpu"
