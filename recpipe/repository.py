@@ -61,7 +61,11 @@ def read_data_manifest(data_dir: Path) -> dict[str, Any]:
 
 
 def dataset_sha256(data_manifest: dict[str, Any]) -> str:
-    """Identity of a dataset: sha256 over its files' checksums (names sorted)."""
+    """Identity of a dataset: the manifest's own ``dataset_sha256`` when it has one, else a sha256 over
+    its files' checksums (names sorted)."""
+    given = data_manifest.get("dataset_sha256")
+    if isinstance(given, str) and given:
+        return given
     files = data_manifest["sha256"]
     canon = json.dumps({str(k): str(v) for k, v in sorted(files.items())}, sort_keys=True)
     return hashlib.sha256(canon.encode()).hexdigest()

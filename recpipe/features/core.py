@@ -8,7 +8,7 @@ path serves a request and builds the training set.
 
 Shapes: ``UserFeatures.dense`` (Du,) = 40 encoded continuous + 3 user aggregates; ``sparse`` (44,);
 ``recent_items`` (H,). ``ItemFeatures.dense`` (k, Di) = 20 encoded continuous + 2 item aggregates +
-4 cross features; ``sparse`` (k, 16).
+10 user x item cross features (``history.CROSS_FEATURES``); ``sparse`` (k, 16).
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ from recpipe.types import ItemFeatures, UserFeatures
 log = logging.getLogger(__name__)
 
 USER_CATEGORY_COLUMN = "u_cat_11"  # preferred leaf category
+USER_CLUSTER_COLUMN = "u_cat_23"  # fine interest cluster
 ITEM_CATEGORY_COLUMN = "i_cat_00"  # leaf category
+ITEM_TOP_CATEGORY_COLUMN = "i_cat_01"  # top-level category
 CONFIG_FILE = "features/config.json"
 PREPROCESS_FILES = {
     "stats": "preprocess/stats.json",
@@ -41,8 +43,11 @@ PREPROCESS_FILES = {
 
 @dataclass(frozen=True)
 class FeatureConfig:
+    """``num_*``: id ranges of the raw columns keying the cross tables (0 = take them from the data)."""
+
     history_len: int = 20
     num_categories: int = 0
+    num_top_categories: int = 0
 
     def __post_init__(self) -> None:
         if self.history_len < 0:
@@ -100,14 +105,21 @@ class FeatureCore:
         self.num_users = users.height
         self.num_items = items.height
         self.history_len = config.history_len
-        user_cat = users[USER_CATEGORY_COLUMN].fill_null(0).to_numpy().astype(np.int64)
-        item_cat = items[ITEM_CATEGORY_COLUMN].fill_null(0).to_numpy().astype(np.int64)
+        def raw(frame: pl.DataFrame, column: str) -> np.ndarray:
+            return np.maximum(frame[column].fill_null(0).to_numpy().astype(np.int64), 0)
+
+        user_cat = raw(users, USER_CATEGORY_COLUMN)
+        item_cat = raw(items, ITEM_CATEGORY_COLUMN)
+        item_top = raw(items, ITEM_TOP_CATEGORY_COLUMN)
         num_categories = config.num_categories or int(max(user_cat.max(initial=0), item_cat.max(initial=0)) + 1)
-        if user_cat.max(initial=0) >= num_categories or item_cat.max(initial=0) >= num_categories:
-            raise ArtifactMismatch(f"{CONFIG_FILE}: num_categories {num_categories} is below the data's category ids")
-        self.config = FeatureConfig(config.history_len, num_categories)
+        num_top = config.num_top_categories or int(item_top.max(initial=0) + 1)
+        if user_cat.max(initial=0) >= num_categories or item_cat.max(initial=0) >= num_categories \
+                or item_top.max(initial=0) >= num_top:
+            raise ArtifactMismatch(f"{CONFIG_FILE}: category id ranges are below the data's category ids")
+        self.config = FeatureConfig(config.history_len, num_categories, num_top)
         self.user_category = user_cat
         self.item_category = item_cat
+        self.cross_keys = hist.CrossKeys(item_cat, item_top, raw(users, USER_CLUSTER_COLUMN), num_categories, num_top)
 
         enc_users = preprocessor.encode("users", users)
         enc_items = preprocessor.encode("items", items)
@@ -115,7 +127,7 @@ class FeatureCore:
         self.user_sparse = enc_users.sparse
         self.item_continuous = enc_items.dense
         self.item_sparse = enc_items.sparse
-        self.history = hist.History.compute(train, item_cat, self.num_users, config.history_len, num_categories)
+        self.history = hist.History.compute(train, self.cross_keys, self.num_users, config.history_len)
         prior = self.history.ctr_prior
         h = self.history
         # Serving rows: everything that depends on the user or the item alone, computed once.
@@ -152,7 +164,8 @@ class FeatureCore:
         preprocessor = load_preprocessor(repo)
         raw = repo.json(CONFIG_FILE)
         try:
-            config = FeatureConfig(int(raw["history_len"]), int(raw["num_categories"]))
+            config = FeatureConfig(int(raw["history_len"]), int(raw["num_categories"]),
+                                   int(raw["num_top_categories"]))
         except (KeyError, TypeError, ValueError) as e:
             raise ArtifactMismatch(f"{repo.root / CONFIG_FILE}: malformed ({e!r})") from None
         users, items, interactions = read_tables(Path(data_dir))
@@ -170,7 +183,7 @@ class FeatureCore:
     def describe(self) -> dict[str, Any]:
         return {"num_users": self.num_users, "num_items": self.num_items, "user_dense_dim": self.user_dense_dim,
                 "item_dense_dim": self.item_dense_dim, "history_len": self.history_len,
-                "num_categories": self.config.num_categories}
+                "num_categories": self.config.num_categories, "num_top_categories": self.config.num_top_categories}
 
     # ---- requests ----------------------------------------------------------------------------------
 
@@ -210,32 +223,30 @@ class FeatureCore:
 
     # ---- bulk gathers (requests and training examples alike) ---------------------------------------
 
-    def user_dense_rows(self, user_ids: np.ndarray, own_labels: np.ndarray | None = None) -> np.ndarray:
-        """(n, Du) user dense rows; with ``own_labels`` each row's aggregates leave that interaction out."""
-        if own_labels is None:
+    def user_dense_rows(self, user_ids: np.ndarray, counts: hist.RowCounts | None = None) -> np.ndarray:
+        """(n, Du) user dense rows; ``counts`` (training examples) replace the serving history counts."""
+        if counts is None:
             return self.user_dense[user_ids]
-        h = self.history
-        agg = hist.user_aggregates(h.user_impressions[user_ids] - 1, h.user_clicks[user_ids] - own_labels, h.ctr_prior)
+        agg = hist.user_aggregates(counts.user_impressions, counts.user_clicks, self.history.ctr_prior)
         return np.concatenate([self.user_continuous[user_ids], agg], axis=1)
 
-    def item_base_rows(self, item_ids: np.ndarray, own_labels: np.ndarray | None = None) -> np.ndarray:
+    def item_base_rows(self, item_ids: np.ndarray, counts: hist.RowCounts | None = None) -> np.ndarray:
         """(n, Di - 4) user-independent item rows (encoded continuous + item aggregates), as the item tower sees them."""
-        if own_labels is None:
+        if counts is None:
             return self.item_base[item_ids]
-        h = self.history
-        agg = hist.item_aggregates(h.item_impressions[item_ids] - 1, h.item_clicks[item_ids] - own_labels, h.ctr_prior)
+        agg = hist.item_aggregates(counts.item_impressions, counts.item_clicks, self.history.ctr_prior)
         return np.concatenate([self.item_continuous[item_ids], agg], axis=1)
 
     def item_dense_rows(
-        self, user_ids: np.ndarray, item_ids: np.ndarray, own_labels: np.ndarray | None = None
+        self, user_ids: np.ndarray, item_ids: np.ndarray, counts: hist.RowCounts | None = None
     ) -> np.ndarray:
         """(n, Di) item rows + user x item cross features for paired (user, item) arrays."""
         h = self.history
-        cats = self.item_category[item_ids]
-        imp, clk = h.user_category_counts(user_ids, cats)
-        if own_labels is not None:
-            imp = imp - 1
-            clk = clk - own_labels
-        match = self.user_category[user_ids] == cats
-        cross = hist.cross_features(imp, clk, match, h.ctr_prior)
-        return np.concatenate([self.item_base_rows(item_ids, own_labels), cross], axis=1)
+        crosses = h.cross_counts(self.cross_keys, user_ids, item_ids) if counts is None else counts.crosses()
+        match = self.user_category[user_ids] == self.item_category[item_ids]
+        cross = hist.cross_features(crosses, match, h.ctr_prior)
+        return np.concatenate([self.item_base_rows(item_ids, counts), cross], axis=1)
+
+    def training_counts(self, train: pl.DataFrame) -> hist.RowCounts:
+        """Strictly-earlier history counts for each row of ``train`` (the split this core was built on)."""
+        return hist.prefix_counts(train, self.cross_keys)

@@ -26,7 +26,7 @@ class RankingCore:
         self.user_dense_dim = int(shapes.get("user_dense_dim", -1))
         self.item_dense_dim = int(shapes.get("item_dense_dim", -1))
         n_user_tables = int(shapes.get("user_sparse_dim", -1))
-        if cfg.dense_dim != self.user_dense_dim + self.item_dense_dim or n_user_tables < 0 or \
+        if (cfg.user_dense_dim, cfg.item_dense_dim) != (self.user_dense_dim, self.item_dense_dim) or n_user_tables < 0 or \
                 cfg.num_tables != n_user_tables + int(shapes.get("item_sparse_dim", -1)):
             raise ArtifactMismatch(
                 f"{repo.root / DLRM_CONFIG_FILE}: DLRM expects {cfg.dense_dim} dense / {cfg.num_tables} sparse inputs, "
@@ -43,6 +43,7 @@ class RankingCore:
         self.user_table_sizes = sizes[:n_user_tables]
         self.item_table_sizes = sizes[n_user_tables:]
         self.predictor = Predictor(model, dev)
+        self.predictor.set_user_tables(n_user_tables)
 
     @classmethod
     def load(cls, models_dir: Path, device: str = "auto") -> RankingCore:

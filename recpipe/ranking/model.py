@@ -1,15 +1,20 @@
 """DLRM built from small modules, after torchrec's ``models/dlrm.py``.
 
-    dense (B, Dd) --DenseArch--> (B, D) ─┐
-                                          ├─ InteractionArch -> (B, D + F'(F'-1)/2), F' = F + 1
-    sparse (B, F) --SparseArch--> (B, F, D)┘                     └─ OverArch -> (B,) click logits
+    user dense (B, Du) --DenseArch--> (B, D) ─┐
+    item dense (B, Di) --DenseArch--> (B, D) ─┼─ InteractionArch -> (B, 2D + N(N-1)/2), N = F + 2
+    sparse (B, F) --SparseArch--> (B, F, D) ──┘                     └─ OverArch -> (B,) click logits
+
+One difference from the textbook DLRM: the user's and the item's dense features get a bottom MLP
+each, so they meet in a dot product in the interaction. A single bottom MLP over the concatenation
+would have to learn the user-latent x item-latent product with ReLUs, which it does poorly (the
+click model of this data is driven by exactly that product).
 
 SparseArch does ONE lookup over all F tables concatenated in one weight (per-table offsets);
 ``NaiveSparseArch`` is the textbook form (one EmbeddingBag per table) kept for ``recpipe bench ranking``.
 
 Example::
 
-    cfg = DLRMConfig(dense_dim=69, table_sizes=(10,) * 60)
+    cfg = DLRMConfig(user_dense_dim=43, item_dense_dim=26, table_sizes=(10,) * 60)
     logits = DLRM(cfg)(torch.randn(4, 69), torch.zeros(4, 60, dtype=torch.long))   # (4,)
 """
 
@@ -27,7 +32,8 @@ from recpipe.retrieval.model import FusedEmbedding, mlp
 
 @dataclass(frozen=True)
 class DLRMConfig:
-    dense_dim: int
+    user_dense_dim: int
+    item_dense_dim: int
     table_sizes: tuple[int, ...]
     embedding_dim: int = 16
     bottom_dims: tuple[int, ...] = (128, 64)
@@ -36,8 +42,12 @@ class DLRMConfig:
     def __post_init__(self) -> None:
         if not self.table_sizes or min(self.table_sizes) < 1:
             raise ValueError("DLRM needs at least one table, each with at least one row")
-        if self.dense_dim < 1 or self.embedding_dim < 1:
-            raise ValueError("dense_dim and embedding_dim must be >= 1")
+        if self.user_dense_dim < 1 or self.item_dense_dim < 1 or self.embedding_dim < 1:
+            raise ValueError("dense dims and embedding_dim must be >= 1")
+
+    @property
+    def dense_dim(self) -> int:
+        return self.user_dense_dim + self.item_dense_dim
 
     @property
     def num_tables(self) -> int:
@@ -50,7 +60,8 @@ class DLRMConfig:
     def from_json(cls, data: dict[str, Any], source: str = "config") -> DLRMConfig:
         try:
             return cls(
-                dense_dim=int(data["dense_dim"]),
+                user_dense_dim=int(data["user_dense_dim"]),
+                item_dense_dim=int(data["item_dense_dim"]),
                 table_sizes=tuple(int(x) for x in data["table_sizes"]),
                 embedding_dim=int(data["embedding_dim"]),
                 bottom_dims=tuple(int(x) for x in data["bottom_dims"]),
@@ -61,11 +72,15 @@ class DLRMConfig:
 
 
 class DenseArch(nn.Module):
-    """Bottom MLP: (B, Dd) -> (B, D)."""
+    """Bottom MLP: (B, Dd) -> (B, D).
+
+    No ReLU on the output (torchrec's has one): two non-negative vectors cannot have a negative dot
+    product, and the user-item affinity this vector pair has to express is signed.
+    """
 
     def __init__(self, dense_dim: int, hidden: tuple[int, ...], out_dim: int) -> None:
         super().__init__()
-        self.model = mlp([dense_dim, *hidden, out_dim], final_activation=True)
+        self.model = mlp([dense_dim, *hidden, out_dim], final_activation=False)
 
     def forward(self, dense: torch.Tensor) -> torch.Tensor:
         return self.model(dense)
@@ -105,21 +120,24 @@ class NaiveSparseArch(nn.Module):
 
 
 class InteractionArch(nn.Module):
-    """Pairwise dots: dense (B, D) + sparse (B, F, D) -> (B, D + (F+1)F/2), the upper triangle."""
+    """Pairwise dots of all feature vectors, upper triangle, after the dense vectors themselves.
+
+    dense (B, G, D) + sparse (B, F, D) -> (B, G*D + N(N-1)/2), N = G + F.
+    """
 
     flat: torch.Tensor
 
-    def __init__(self, num_sparse: int) -> None:
+    def __init__(self, num_vectors: int) -> None:
         super().__init__()
-        n = num_sparse + 1
+        n = num_vectors
         rows, cols = torch.triu_indices(n, n, offset=1)
         # one flat index_select is much cheaper (forward and backward) than indexing with two tensors
         self.register_buffer("flat", rows * n + cols, persistent=False)
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
-        x = torch.cat([dense.unsqueeze(1), sparse], dim=1)  # (B, F+1, D)
-        dots = torch.bmm(x, x.transpose(1, 2))  # (B, F+1, F+1)
-        return torch.cat([dense, dots.flatten(1).index_select(1, self.flat)], dim=1)
+        x = torch.cat([dense, sparse], dim=1)  # (B, N, D)
+        dots = torch.bmm(x, x.transpose(1, 2))  # (B, N, N)
+        return torch.cat([dense.flatten(1), dots.flatten(1).index_select(1, self.flat)], dim=1)
 
 
 class OverArch(nn.Module):
@@ -140,11 +158,14 @@ class DLRM(nn.Module):
         super().__init__()
         self.config = config
         d = config.embedding_dim
-        f = config.num_tables
-        self.dense_arch = DenseArch(config.dense_dim, config.bottom_dims, d)
+        n = config.num_tables + 2
+        self.user_dense_arch = DenseArch(config.user_dense_dim, config.bottom_dims, d)
+        self.item_dense_arch = DenseArch(config.item_dense_dim, config.bottom_dims, d)
         self.sparse_arch: nn.Module = SparseArch(config.table_sizes, d)
-        self.interaction = InteractionArch(f)
-        self.over_arch = OverArch(d + (f + 1) * f // 2, config.top_dims)
+        self.interaction = InteractionArch(n)
+        self.over_arch = OverArch(2 * d + n * (n - 1) // 2, config.top_dims)
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
-        return self.over_arch(self.interaction(self.dense_arch(dense), self.sparse_arch(sparse)))
+        du = self.config.user_dense_dim
+        vectors = torch.stack([self.user_dense_arch(dense[:, :du]), self.item_dense_arch(dense[:, du:])], dim=1)
+        return self.over_arch(self.interaction(vectors, self.sparse_arch(sparse)))

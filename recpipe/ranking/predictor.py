@@ -1,40 +1,141 @@
 """Scores candidates with a trained DLRM under ``eval()`` + ``torch.inference_mode()``.
 
-The user's part of a request is the same for all k candidates; it is broadcast, not copied per item.
+``score_candidates`` exploits that one request is one user and k items: every interaction pair
+between two user-side vectors (the user's dense vector and its 44 embeddings: 990 of the 1891 pairs)
+is the same for all k candidates, and so is its contribution to the first layer of the top MLP. That
+part is computed once per request; per candidate only the pairs that involve an item-side vector are
+computed and multiplied by their columns of the first layer. The result equals ``model(dense, sparse)``
+up to float rounding (checked by the tests), at about half the cost.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+from torch import nn
 
-from recpipe.ranking.model import DLRM
+from recpipe.ranking.model import DLRM, SparseArch
 
 
 class Predictor:
     def __init__(self, model: DLRM, device: torch.device) -> None:
         self.model = model.to(device).eval()
         self.device = device
+        self.num_user_tables = 0
+        self._split: _UserSplit | None = None
 
-    def _t(self, a: np.ndarray, dtype: np.dtype) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(a, dtype=dtype)).to(self.device)
+    def set_user_tables(self, num_user_tables: int) -> None:
+        """Enable the factorised path: the first ``num_user_tables`` sparse features belong to the user."""
+        self.num_user_tables = num_user_tables
+        self._split = _UserSplit(self.model, num_user_tables).to(self.device)
+
+    def _t(self, a: np.ndarray, dtype: type) -> torch.Tensor:
+        arr: np.ndarray = np.ascontiguousarray(a, dtype=dtype)
+        if not arr.flags.writeable:  # torch warns on read-only buffers (e.g. decoded from a message)
+            arr = arr.copy()
+        return torch.from_numpy(arr).to(self.device)
 
     def predict(self, dense: np.ndarray, sparse: np.ndarray) -> np.ndarray:
         """dense (B, Dd) float32 + sparse (B, F) int64 -> (B,) float32 click probabilities."""
         with torch.inference_mode():
-            logits = self.model(self._t(dense, np.dtype(np.float32)), self._t(sparse, np.dtype(np.int64)))
+            logits = self.model(self._t(dense, np.float32), self._t(sparse, np.int64))
             return torch.sigmoid(logits).float().cpu().numpy()
 
     def score_candidates(
-        self, user_dense: np.ndarray, user_sparse: np.ndarray, item_dense: np.ndarray, item_sparse: np.ndarray
+        self, user_dense: np.ndarray, user_sparse: np.ndarray, item_dense: np.ndarray, item_sparse: np.ndarray,
+        factorized: bool = True,
     ) -> np.ndarray:
-        """(Du,), (44,), (k, Di), (k, 16) -> (k,) float32 probabilities."""
+        """(Du,), (U,), (k, Di), (k, I) -> (k,) float32 probabilities."""
         k = item_dense.shape[0]
         if k == 0:
             return np.zeros(0, np.float32)
         with torch.inference_mode():
-            ud = self._t(user_dense, np.dtype(np.float32)).expand(k, -1)
-            us = self._t(user_sparse, np.dtype(np.int64)).expand(k, -1)
-            dense = torch.cat([ud, self._t(item_dense, np.dtype(np.float32))], dim=1)
-            sparse = torch.cat([us, self._t(item_sparse, np.dtype(np.int64))], dim=1)
-            return torch.sigmoid(self.model(dense, sparse)).float().cpu().numpy()
+            ud = self._t(user_dense, np.float32)
+            us = self._t(user_sparse, np.int64)
+            idn = self._t(item_dense, np.float32)
+            isp = self._t(item_sparse, np.int64)
+            if factorized and self._split is not None:
+                logits = self._split(ud, us, idn, isp)
+            else:
+                dense = torch.cat([ud.expand(k, -1), idn], dim=1)
+                sparse = torch.cat([us.expand(k, -1), isp], dim=1)
+                logits = self.model(dense, sparse)
+            return torch.sigmoid(logits).float().cpu().numpy()
+
+
+class _UserSplit(nn.Module):
+    """The DLRM forward for one user x k items with the user-only work done once (see module doc)."""
+
+    w_user_dense: torch.Tensor
+    w_item_dense: torch.Tensor
+    w_const: torch.Tensor
+    w_var: torch.Tensor
+    bias: torch.Tensor
+    const_src: torch.Tensor
+    var_src: torch.Tensor
+
+    def __init__(self, model: DLRM, num_user_tables: int) -> None:
+        super().__init__()
+        self.model = model
+        if not isinstance(model.sparse_arch, SparseArch):
+            raise TypeError("the factorised path needs the fused SparseArch")
+        self.tables = model.sparse_arch.tables
+        cfg = model.config
+        d = cfg.embedding_dim
+        f = cfg.num_tables
+        u_tab = num_user_tables
+        n = f + 2
+        # vector order in the interaction: [user dense, item dense, user tables..., item tables...]
+        user_vecs = [0, *range(2, 2 + u_tab)]
+        item_vecs = [1, *range(2 + u_tab, n)]
+        pos_u = {v: i for i, v in enumerate(user_vecs)}
+        pos_i = {v: i for i, v in enumerate(item_vecs)}
+        nu, ni = len(user_vecs), len(item_vecs)
+        rows, cols = torch.triu_indices(n, n, offset=1)
+        const_cols: list[int] = []
+        var_cols: list[int] = []
+        var_src: list[int] = []  # index into [item x user dots (ni*nu), item x item dots (ni*ni)]
+        const_src: list[int] = []  # index into user x user dots (nu*nu)
+        for p, (a, b) in enumerate(zip(rows.tolist(), cols.tolist(), strict=True)):
+            col = 2 * d + p
+            if a in pos_u and b in pos_u:
+                const_cols.append(col)
+                const_src.append(pos_u[a] * nu + pos_u[b])
+            elif a in pos_i and b in pos_i:
+                var_cols.append(col)
+                var_src.append(ni * nu + pos_i[a] * ni + pos_i[b])
+            else:
+                i, u = (a, b) if a in pos_i else (b, a)
+                var_cols.append(col)
+                var_src.append(pos_i[i] * nu + pos_u[u])
+        first = model.over_arch.model[0]
+        if not isinstance(first, nn.Linear):
+            raise TypeError("the top MLP must start with a Linear layer")
+        w = first.weight.detach()
+        self.register_buffer("w_user_dense", w[:, :d].clone(), persistent=False)
+        self.register_buffer("w_item_dense", w[:, d : 2 * d].clone(), persistent=False)
+        self.register_buffer("w_const", w[:, const_cols].clone(), persistent=False)
+        self.register_buffer("w_var", w[:, var_cols].clone(), persistent=False)
+        self.register_buffer("bias", first.bias.detach().clone(), persistent=False)
+        self.register_buffer("const_src", torch.tensor(const_src, dtype=torch.long), persistent=False)
+        self.register_buffer("var_src", torch.tensor(var_src, dtype=torch.long), persistent=False)
+        self.u_tab = u_tab
+        self.rest = model.over_arch.model[1:]
+
+    def forward(self, ud: torch.Tensor, us: torch.Tensor, idn: torch.Tensor, isp: torch.Tensor) -> torch.Tensor:
+        m = self.model
+        offsets = self.tables.offsets
+        weight = self.tables.weight
+        user_vec = m.user_dense_arch(ud[None, :])  # (1, D)
+        user_emb = torch.nn.functional.embedding(us + offsets[: self.u_tab], weight)  # (U, D)
+        u = torch.cat([user_vec, user_emb], dim=0)  # (nu, D)
+        item_vec = m.item_dense_arch(idn)  # (k, D)
+        item_emb = torch.nn.functional.embedding(isp + offsets[self.u_tab :], weight)  # (k, I, D)
+        v = torch.cat([item_vec[:, None, :], item_emb], dim=1)  # (k, ni, D)
+        const = (u @ u.T).flatten().index_select(0, self.const_src)  # (990,)
+        h0 = self.bias + self.w_const @ const + self.w_user_dense @ user_vec[0]  # (H,)
+        vu = (v @ u.T).flatten(1)  # (k, ni*nu)
+        vv = torch.bmm(v, v.transpose(1, 2)).flatten(1)  # (k, ni*ni)
+        x_var = torch.cat([vu, vv], dim=1).index_select(1, self.var_src)  # (k, #var pairs)
+        h = h0 + item_vec @ self.w_item_dense.T + x_var @ self.w_var.T  # (k, H)
+        return self.rest(h).squeeze(-1)

@@ -184,7 +184,8 @@ def build_tuned(
     tried: list[tuple[faiss.Index, IndexSpec]] = []
     for k in kinds:
         index, nlist = build(embeddings, k, seed)
-        tried.append((index, tune(index, k, nlist, embeddings, queries, target)))
+        # tune a little above the target: the recall reported is measured on other queries
+        tried.append((index, tune(index, k, nlist, embeddings, queries, min(1.0, target + 0.01))))
     good = [t for t in tried if t[1].recall_at_100 >= target] or [t for t in tried if t[1].kind == "flat"] or tried
     index, spec = min(good, key=lambda t: t[1].search_ms_p50)
     return index, spec, [s for _, s in tried]

@@ -24,6 +24,8 @@ class TrainConfig:
     retrieval_lr: float = 2e-3
     ranking_batch: int = 4096
     ranking_lr: float = 2e-3
+    #: batches shrink on small data so that an epoch has at least this many optimiser steps
+    min_steps: int = 200
     #: negatives kept per positive for DLRM training (the rest are dropped, the kept ones up-weighted)
     negatives_per_positive: float = 3.0
     #: cap on DLRM training rows per epoch (uniform subsample beyond it), for the time budget

@@ -1,7 +1,7 @@
 """Training loops for the two-tower and DLRM models, fed by ``FeatureCore`` gathers.
 
 Every batch is built by the same ``FeatureCore`` methods that serve requests, with the rows' own
-labels passed for leave-one-out aggregates. On CUDA the loops run under bf16 autocast with TF32
+strictly-earlier history counts (``FeatureCore.training_counts``). On CUDA the loops run under bf16 autocast with TF32
 matmuls; on CPU in float32.
 """
 
@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from recpipe.features.core import FeatureCore
+from recpipe.features.history import RowCounts
 from recpipe.ranking.model import DLRM, DLRMConfig
 from recpipe.retrieval.model import TwoTower, TwoTowerConfig
 from recpipe.training.config import TrainConfig
@@ -29,6 +30,11 @@ def autocast(device: torch.device) -> contextlib.AbstractContextManager[object]:
     if device.type == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+def step_batch(rows: int, batch: int, min_steps: int, floor: int = 64) -> int:
+    """``batch``, made smaller for small data so an epoch has at least ``min_steps`` steps (not below ``floor``)."""
+    return max(2, min(batch, max(floor, rows // max(1, min_steps))))
 
 
 def _t(array: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -52,18 +58,19 @@ def two_tower_config(core: FeatureCore, cfg: TrainConfig) -> TwoTowerConfig:
 
 
 def train_two_tower(
-    core: FeatureCore, users: np.ndarray, items: np.ndarray, cfg: TrainConfig, device: torch.device
+    core: FeatureCore, users: np.ndarray, items: np.ndarray, counts: RowCounts, cfg: TrainConfig,
+    device: torch.device,
 ) -> tuple[TwoTower, dict[str, float]]:
     """Train on clicked (user, item) training pairs with in-batch softmax + logQ correction."""
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     model = TwoTower(two_tower_config(core, cfg)).to(device)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.retrieval_lr, fused=True)
+    opts = [torch.optim.Adam(model.parameters(), lr=cfg.retrieval_lr, fused=True)]
     clicks = np.bincount(items, minlength=core.num_items).astype(np.float64)
     log_q = _t(np.log(np.maximum(clicks, 1.0) / max(1.0, clicks.sum())).astype(np.float32), device)
-    ones = np.ones(len(users), dtype=np.int64)
     n = len(users)
-    batch = min(cfg.retrieval_batch, max(2, n))
+    # in-batch negatives: the batch is also the number of negatives, so keep it from getting tiny
+    batch = step_batch(n, cfg.retrieval_batch, cfg.min_steps, floor=512)
     t0 = time.perf_counter()
     loss_value = float("nan")
     model.train()
@@ -72,19 +79,21 @@ def train_two_tower(
             for idx in batches(n, batch, rng):
                 if len(idx) < 2:
                     continue
-                u, i = users[idx], items[idx]
-                ud = _t(core.user_dense_rows(u, ones[idx]), device)
+                u, i, c = users[idx], items[idx], counts.take(idx)
+                ud = _t(core.user_dense_rows(u, c), device)
                 us = _t(core.user_sparse[u], device)
-                idn = _t(core.item_base_rows(i, ones[idx]), device)
+                idn = _t(core.item_base_rows(i, c), device)
                 isp = _t(core.item_sparse[i], device)
                 iid = _t(i, device)
                 with autocast(device):
                     ue = model.user_tower(ud, us)
                     ie = model.item_tower(idn, isp)
                     loss = model.in_batch_loss(ue.float(), ie.float(), iid, log_q[iid])
-                opt.zero_grad(set_to_none=True)
+                for opt in opts:
+                    opt.zero_grad(set_to_none=True)
                 loss.backward()
-                opt.step()
+                for opt in opts:
+                    opt.step()
                 loss_value = float(loss.detach())
                 bar.update(len(idx), loss_value)
     seconds = time.perf_counter() - t0
@@ -123,20 +132,21 @@ def embed_users(model: TwoTower, core: FeatureCore, user_ids: np.ndarray, device
 def dlrm_config(core: FeatureCore, cfg: TrainConfig) -> DLRMConfig:
     p = core.preprocessor
     return DLRMConfig(
-        dense_dim=core.user_dense_dim + core.item_dense_dim,
+        user_dense_dim=core.user_dense_dim,
+        item_dense_dim=core.item_dense_dim,
         table_sizes=tuple(p.table_sizes("users")) + tuple(p.table_sizes("items")),
         embedding_dim=cfg.embedding_dim,
     )
 
 
 def ranking_batch(
-    core: FeatureCore, users: np.ndarray, items: np.ndarray, labels: np.ndarray | None
+    core: FeatureCore, users: np.ndarray, items: np.ndarray, counts: RowCounts | None
 ) -> tuple[np.ndarray, np.ndarray]:
     """DLRM inputs for paired rows: dense (n, Du + Di) float32, sparse (n, 44 + 16) int64.
 
-    ``labels`` given -> leave-one-out aggregates (training rows); None -> serving features.
+    ``counts`` given -> training examples' strictly-earlier history; None -> serving features.
     """
-    dense = np.concatenate([core.user_dense_rows(users, labels), core.item_dense_rows(users, items, labels)], 1)
+    dense = np.concatenate([core.user_dense_rows(users, counts), core.item_dense_rows(users, items, counts)], 1)
     sparse = np.concatenate([core.user_sparse[users], core.item_sparse[items]], 1)
     return dense, sparse
 
@@ -164,29 +174,31 @@ def _epochs(rng: np.random.Generator, rows: np.ndarray, batch: int, epochs: int)
 
 
 def train_dlrm(
-    core: FeatureCore, users: np.ndarray, items: np.ndarray, labels: np.ndarray, cfg: TrainConfig,
-    device: torch.device,
+    core: FeatureCore, users: np.ndarray, items: np.ndarray, labels: np.ndarray, counts: RowCounts,
+    cfg: TrainConfig, device: torch.device,
 ) -> tuple[DLRM, dict[str, float]]:
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed + 1)
     model = DLRM(dlrm_config(core, cfg)).to(device)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.ranking_lr, fused=True)
+    opts = [torch.optim.Adam(model.parameters(), lr=cfg.ranking_lr, fused=True)]
     rows, weights = sample_ranking_rows(labels, cfg, rng)
     t0 = time.perf_counter()
     loss_value = float("nan")
     model.train()
     with Progress(len(rows) * cfg.epochs, "dlrm", cfg.progress) as bar:
-        for idx in _epochs(rng, rows, cfg.ranking_batch, cfg.epochs):
+        for idx in _epochs(rng, rows, step_batch(len(rows), cfg.ranking_batch, cfg.min_steps), cfg.epochs):
             r = rows[idx]
-            dense, sparse = ranking_batch(core, users[r], items[r], labels[r])
+            dense, sparse = ranking_batch(core, users[r], items[r], counts.take(r))
             y = _t(labels[r].astype(np.float32), device)
             w = _t(weights[idx], device)
             with autocast(device):
                 logits = model(_t(dense, device), _t(sparse, device))
             loss = (F.binary_cross_entropy_with_logits(logits.float(), y, reduction="none") * w).sum() / w.sum()
-            opt.zero_grad(set_to_none=True)
+            for opt in opts:
+                opt.zero_grad(set_to_none=True)
             loss.backward()
-            opt.step()
+            for opt in opts:
+                opt.step()
             loss_value = float(loss.detach())
             bar.update(len(idx), loss_value)
     seconds = time.perf_counter() - t0

@@ -124,10 +124,16 @@ def train(
         torch.backends.cudnn.allow_tf32 = True
     t = lap("preprocess", t)
 
+    counts = core.training_counts(train_df)
+    t = lap("history", t)
+
     rng = np.random.default_rng(cfg.seed)
-    clicked = train_df.filter(pl.col("label") == 1)
+    train_users = train_df["user_id"].to_numpy()
+    train_items = train_df["item_id"].to_numpy()
+    train_labels = train_df["label"].to_numpy().astype(np.int64)
+    clicked = np.flatnonzero(train_labels == 1)
     two_tower, tt_stats = loops.train_two_tower(
-        core, clicked["user_id"].to_numpy(), clicked["item_id"].to_numpy(), cfg, dev
+        core, train_users[clicked], train_items[clicked], counts.take(clicked), cfg, dev
     )
     item_emb = loops.embed_items(two_tower, core, dev)
     t = lap("two_tower", t)
@@ -161,10 +167,7 @@ def train(
                                     pairs["item_id"].to_numpy())
     t = lap("retrieval_eval", t)
 
-    dlrm, dl_stats = loops.train_dlrm(
-        core, train_df["user_id"].to_numpy(), train_df["item_id"].to_numpy(),
-        train_df["label"].to_numpy().astype(np.int64), cfg, dev,
-    )
+    dlrm, dl_stats = loops.train_dlrm(core, train_users, train_items, train_labels, counts, cfg, dev)
     t = lap("dlrm", t)
     eval_rows = holdout
     if eval_rows.height > cfg.max_eval_rows:
@@ -179,7 +182,8 @@ def train(
         prep.save(tmp / "preprocess")
         (tmp / "features").mkdir()
         write_json(tmp / CONFIG_FILE, {"history_len": core.history_len,
-                                       "num_categories": core.config.num_categories})
+                                       "num_categories": core.config.num_categories,
+                                       "num_top_categories": core.config.num_top_categories})
         (tmp / "retrieval").mkdir()
         (tmp / "ranking").mkdir()
         save_file(_state(two_tower), str(tmp / TWO_TOWER_FILE))

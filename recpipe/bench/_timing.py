@@ -1,0 +1,52 @@
+"""Timing helpers shared by the per-stage benchmarks: warm-up, raw perf_counter_ns samples, percentiles."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Timing:
+    name: str
+    samples_ns: np.ndarray
+    rows_per_call: int = 1
+
+    def pct_ms(self, q: float) -> float:
+        return float(np.percentile(self.samples_ns, q)) / 1e6
+
+    @property
+    def throughput(self) -> float:
+        """rows per second at the mean call time."""
+        return self.rows_per_call / (float(self.samples_ns.mean()) / 1e9)
+
+
+def measure_interleaved(
+    calls: Sequence[tuple[str, Callable[[int], object]]], n: int, warmup: int, rows_per_call: int = 1
+) -> list[Timing]:
+    """Time each ``call(i)`` for i in range(n), alternating between the calls so they share machine noise."""
+    for i in range(warmup):
+        for _, fn in calls:
+            fn(i)
+    samples = np.zeros((len(calls), n), dtype=np.int64)
+    for i in range(n):
+        for j, (_, fn) in enumerate(calls):
+            t0 = time.perf_counter_ns()
+            fn(i)
+            samples[j, i] = time.perf_counter_ns() - t0
+    return [Timing(name, samples[j], rows_per_call) for j, (name, _) in enumerate(calls)]
+
+
+def table(timings: Sequence[Timing], baseline: str) -> str:
+    """p50/p99 per form, throughput, and the p50 ratio of ``baseline`` over each."""
+    base = next(t for t in timings if t.name == baseline)
+    lines = [f"{'form':<34} {'p50 ms':>9} {'p99 ms':>9} {'rows/s':>12} {'speed-up p50':>13}"]
+    for t in timings:
+        lines.append(
+            f"{t.name:<34} {t.pct_ms(50):>9.3f} {t.pct_ms(99):>9.3f} {t.throughput:>12,.0f} "
+            f"{base.pct_ms(50) / t.pct_ms(50):>12.1f}x"
+        )
+    return "\n".join(lines)

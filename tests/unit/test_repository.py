@@ -1,0 +1,104 @@
+"""The model repository: checksums, consistency between pieces, clear ArtifactMismatch naming the file."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from recpipe.errors import ArtifactMismatch
+from recpipe.features.core import FeatureCore
+from recpipe.ranking.core import RankingCore
+from recpipe.repository import MANIFEST, Repository, read_json, write_manifest
+from recpipe.retrieval.core import RetrievalCore
+
+
+@pytest.fixture()
+def repo_copy(small_models: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "models"
+    shutil.copytree(small_models, out)
+    return out
+
+
+def reseal(root: Path) -> None:
+    """Recompute the manifest's checksums after an edit (simulates a consistent-looking but wrong repo)."""
+    manifest = read_json(root / MANIFEST)
+    for key in ("files", "version", "format"):
+        manifest.pop(key)
+    write_manifest(root, manifest)
+
+
+def test_manifest_lists_every_artifact_with_checksums(small_models: Path) -> None:
+    repo = Repository.open(small_models)
+    on_disk = {p.relative_to(small_models).as_posix() for p in small_models.rglob("*") if p.is_file()}
+    assert set(repo.manifest["files"]) == on_disk - {MANIFEST}
+    assert len(repo.version) == 12 and int(repo.version, 16) >= 0
+    for name in repo.manifest["files"]:
+        assert repo.file(name).exists()
+
+
+def test_version_depends_only_on_the_artifacts(repo_copy: Path) -> None:
+    before = Repository.open(repo_copy).version
+    reseal(repo_copy)
+    assert Repository.open(repo_copy).version == before
+    (repo_copy / "features" / "config.json").write_text(
+        (repo_copy / "features" / "config.json").read_text().replace("\n}", ', "note": 1\n}'))
+    reseal(repo_copy)
+    assert Repository.open(repo_copy).version != before
+
+
+@pytest.mark.parametrize("name", ["ranking/dlrm.safetensors", "retrieval/index.faiss", "retrieval/two_tower.safetensors"])
+def test_corrupt_artifact_is_named(repo_copy: Path, name: str) -> None:
+    path = repo_copy / name
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    load = RankingCore.load if name.startswith("ranking") else RetrievalCore.load
+    with pytest.raises(ArtifactMismatch, match=name.split("/")[1]):
+        load(repo_copy, device="cpu")
+
+
+def test_missing_artifact_is_named(repo_copy: Path, small_dataset: Path) -> None:
+    (repo_copy / "preprocess" / "vocab_items.parquet").unlink()
+    with pytest.raises(ArtifactMismatch, match=r"vocab_items\.parquet"):
+        FeatureCore.load(repo_copy, small_dataset)
+
+
+def test_missing_manifest(tmp_path: Path) -> None:
+    with pytest.raises(ArtifactMismatch, match=r"manifest\.json"):
+        RankingCore.load(tmp_path, device="cpu")
+    (tmp_path / MANIFEST).write_text("{not json")
+    with pytest.raises(ArtifactMismatch, match=r"manifest\.json"):
+        RetrievalCore.load(tmp_path, device="cpu")
+
+
+def test_shape_mismatch_between_pieces_is_named(repo_copy: Path) -> None:
+    path = repo_copy / "ranking" / "dlrm.json"
+    cfg = json.loads(path.read_text())
+    cfg["item_dense_dim"] += 1
+    path.write_text(json.dumps(cfg))
+    reseal(repo_copy)
+    with pytest.raises(ArtifactMismatch, match=r"dlrm\.json"):
+        RankingCore.load(repo_copy, device="cpu")
+
+
+def test_weights_not_matching_config_are_named(repo_copy: Path) -> None:
+    path = repo_copy / "retrieval" / "two_tower.json"
+    cfg = json.loads(path.read_text())
+    cfg["hidden_dims"] = [cfg["hidden_dims"][0] + 1]
+    path.write_text(json.dumps(cfg))
+    reseal(repo_copy)
+    with pytest.raises(ArtifactMismatch, match=r"two_tower\.safetensors"):
+        RetrievalCore.load(repo_copy, device="cpu")
+
+
+def test_index_not_matching_the_items_is_named(repo_copy: Path) -> None:
+    path = repo_copy / "retrieval" / "index.json"
+    spec = json.loads(path.read_text())
+    spec["num_items"] += 1
+    path.write_text(json.dumps(spec))
+    reseal(repo_copy)
+    with pytest.raises(ArtifactMismatch, match=r"index\.json"):
+        RetrievalCore.load(repo_copy, device="cpu")

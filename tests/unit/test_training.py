@@ -1,0 +1,95 @@
+"""recpipe train end to end at tiny scale, its contract, its refusals; metrics and split helpers."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from recpipe.cli import main
+from recpipe.repository import Repository, read_json
+from recpipe.training.config import TrainConfig
+from recpipe.training.loops import sample_ranking_rows
+from recpipe.training.metrics import auc, recall_at_k
+from recpipe.training.split import split_by_time
+
+
+def test_auc_matches_pairwise_definition() -> None:
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 60)
+    s = np.round(rng.random(60), 1)  # ties on purpose
+    pairs = [(a, b) for a, b in itertools.product(range(60), range(60)) if y[a] == 1 and y[b] == 0]
+    expect = sum(1.0 if s[a] > s[b] else 0.5 if s[a] == s[b] else 0.0 for a, b in pairs) / len(pairs)
+    assert auc(y, s) == pytest.approx(expect)
+    assert auc(np.ones(3), np.arange(3)) != auc(np.ones(3), np.arange(3))  # NaN: one class only
+
+
+def test_recall_at_k() -> None:
+    retrieved = np.array([[1, 2, 3], [4, 5, 6]])
+    assert recall_at_k(retrieved, np.array([0, 0, 1]), np.array([3, 9, 4])) == pytest.approx(2 / 3)
+
+
+def test_split_holds_out_the_latest_tenth() -> None:
+    frame = pl.DataFrame({"user_id": range(100), "item_id": range(100), "label": [0] * 100,
+                          "timestamp": list(range(100))[::-1]})
+    train, hold = split_by_time(frame)
+    assert hold.height == 10 and train.height == 90
+    assert train["timestamp"].max() < hold["timestamp"].min()
+
+
+def test_negative_sampling_keeps_positives_and_reweights() -> None:
+    labels = np.array([1] * 100 + [0] * 2000)
+    rows, weights = sample_ranking_rows(labels, TrainConfig(negatives_per_positive=3.0), np.random.default_rng(0))
+    kept = labels[rows]
+    assert (kept == 1).sum() == 100 and (kept == 0).sum() == 300
+    # weighted, the kept negatives stand for all 2000
+    assert weights[kept == 0].sum() == pytest.approx(2000, rel=1e-6)
+
+
+def test_repository_contract(small_models: Path, small_dataset: Path) -> None:
+    manifest = Repository.open(small_models).manifest
+    data_manifest = read_json(small_dataset / "manifest.json")
+    for key in ("dataset_sha256", "created_at", "versions", "metrics", "version", "files", "shapes"):
+        assert key in manifest
+    assert {"recpipe", "torch", "faiss"} <= set(manifest["versions"])
+    m = manifest["metrics"]
+    for key in ("ranking_auc", "oracle_auc", "retrieval_recall_at_500", "popularity_recall_at_500",
+                "index_recall_at_100", "index_type"):
+        assert key in m
+    assert m["oracle_auc"] == data_manifest["oracle"]["auc"]
+    assert 0.5 < m["ranking_auc"] <= 1.0
+    assert 0.0 <= m["popularity_recall_at_500"] <= 1.0 and 0.0 < m["retrieval_recall_at_500"] <= 1.0
+    assert m["index_recall_at_100"] >= 0.95
+    assert m["index_type"] in ("flat", "ivf", "hnsw")
+
+
+def test_refuses_to_overwrite_without_force(small_models: Path, small_dataset: Path, capsys) -> None:
+    before = (small_models / "manifest.json").read_bytes()
+    assert main(["train", "--data", str(small_dataset), "--out", str(small_models), "--quiet"]) == 2
+    assert "--force" in capsys.readouterr().err
+    assert (small_models / "manifest.json").read_bytes() == before
+
+
+@pytest.mark.parametrize("args", [["--epochs", "0"], ["--seed", "-1"], ["--index", "lsh"], ["--device", "tpu"]])
+def test_bad_arguments_exit_2(args: list[str], small_dataset: Path, tmp_path: Path) -> None:
+    assert main(["train", "--data", str(small_dataset), "--out", str(tmp_path / "m"), "--quiet", *args]) == 2
+    assert not (tmp_path / "m").exists()
+
+
+def test_missing_data_dir_exit_2(tmp_path: Path) -> None:
+    assert main(["train", "--data", str(tmp_path / "nope"), "--out", str(tmp_path / "m"), "--quiet"]) == 2
+
+
+def test_force_replaces_atomically_with_a_chosen_index(small_dataset: Path, tmp_path: Path) -> None:
+    out = tmp_path / "models"
+    out.mkdir()
+    (out / "stale.txt").write_text("old")
+    assert main(["train", "--data", str(small_dataset), "--out", str(out), "--epochs", "1", "--index", "flat",
+                 "--force", "--quiet"]) == 0
+    assert not (out / "stale.txt").exists()
+    manifest = Repository.open(out).manifest
+    assert manifest["metrics"]["index_type"] == "flat" and manifest["metrics"]["index_recall_at_100"] == 1.0
+    assert not list(tmp_path.glob(".models.*"))  # no temp dirs left behind
