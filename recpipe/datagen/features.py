@@ -132,7 +132,7 @@ def user_block(world: World, block: int, lo: int, hi: int) -> pa.Table:
         "u_cat_02": np.digitize(age, [18, 25, 30, 35, 40, 50, 60]),
         "u_cat_03": np.minimum(city // 80, card["u_cat_03"] - 1),
         "u_cat_04": city,
-        "u_cat_05": (city * 7) % card["u_cat_05"],
+        "u_cat_05": p.city_province[city],
         "u_cat_06": _skewed(rng, n, card["u_cat_06"], 1.5),
         "u_cat_07": _skewed(rng, n, card["u_cat_07"], 1.5),
         "u_cat_08": _skewed(rng, n, card["u_cat_08"], 1.5),

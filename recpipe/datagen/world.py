@@ -92,6 +92,7 @@ class Params:
     tag_dirs: np.ndarray  # (k, n_tags) item tag cluster = argmax of v · tag_dirs
     day_weights: np.ndarray  # (days,) share of interactions per day
     hour_weights: np.ndarray  # (24,) share of interactions per hour of day
+    city_province: np.ndarray  # (n_city,) int32 province of each city
 
 
 def make_params(cfg: DatagenConfig, model: ClickModel, days: int) -> Params:
@@ -134,12 +135,14 @@ def make_params(cfg: DatagenConfig, model: ClickModel, days: int) -> Params:
     day_w = (1.0 + 0.25 * (weekday >= 5)) * (1.0 + 0.3 * day / max(1, days - 1))
     hour = np.arange(24)
     hour_w = 0.25 + np.exp(-0.5 * ((hour - 20.5) / 3.0) ** 2) + 0.5 * np.exp(-0.5 * ((hour - 12.5) / 2.0) ** 2)
+    city_province = _cover(cfg.cardinality(users, "u_cat_05"), cfg.cardinality(users, "u_cat_04"), rng)
     return Params(
         k=k, n_cat=n_cat, n_top=n_top, cat_top=cat_top, cat_probs=cat_probs, cat_vec=cat_vec,
         cat_log_price=cat_log_price, n_clusters=n_clusters, n_fine=n_fine, fine_parent=fine_parent,
         fine_probs=fine_probs, taste=taste, n_brands=n_brands, n_shops=n_shops, brand_vec=brand_vec,
         brand_lo=brand_lo, brand_hi=brand_hi, shop_lo=shop_lo, shop_hi=shop_hi, item_proj=item_proj,
         user_proj=user_proj, tag_dirs=tag_dirs, day_weights=day_w / day_w.sum(), hour_weights=hour_w / hour_w.sum(),
+        city_province=city_province,
     )
 
 
