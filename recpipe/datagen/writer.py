@@ -131,15 +131,18 @@ class DatasetDir:
                                  "choose a new or empty directory")
             if entries and not self.force:
                 raise UsageError(f"{out} already holds a dataset; pass --force to replace it")
-        parent = out.absolute().parent
-        if not parent.is_dir():
-            raise UsageError(f"cannot write {out}: {parent} is not a directory")
-        if not os.access(parent, os.W_OK | os.X_OK):
-            raise UsageError(f"cannot write {out}: {parent} is not writable")
+        existing = out.absolute().parent  # missing parents are created, like mkdir -p
+        while not existing.exists():
+            existing = existing.parent
+        if not existing.is_dir():
+            raise UsageError(f"cannot write {out}: {existing} is not a directory")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise UsageError(f"cannot write {out}: {existing} is not writable")
 
     def __enter__(self) -> Path:
         parent = self.out.absolute().parent
         try:
+            parent.mkdir(parents=True, exist_ok=True)
             self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.tmp-", dir=parent))
         except OSError as e:
             raise UsageError(f"cannot write {self.out}: {e.strerror or e}") from None

@@ -225,6 +225,12 @@ def test_directory_with_foreign_files_is_never_replaced(tmp_path: Path) -> None:
     assert os.listdir(out) == ["notes.txt"]
 
 
+def test_missing_parents_are_created(tmp_path: Path) -> None:
+    out = tmp_path / "a" / "b" / "d"
+    assert main(["synth-data", "--out", str(out), "--scale", "0.001", "--quiet"]) == 0
+    assert sorted(os.listdir(out)) == sorted(FILES)
+
+
 def test_empty_directory_is_filled(tmp_path: Path) -> None:
     out = tmp_path / "d"
     out.mkdir()
