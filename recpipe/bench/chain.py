@@ -21,6 +21,9 @@ from recpipe.errors import UsageError
 T = TypeVar("T")
 #: The ratio the issue asks for: gRPC end to end p50 <= 1.3 x in-process.
 TARGET_RATIO = 1.3
+#: The issue's server-time p50 targets at full scale on CPU, num_candidates 500 (ms), and end to end.
+TARGET_P50_MS = {"augment_user": 0.5, "retrieve": 3.0, "augment_items": 2.0, "rank": 10.0}
+TARGET_E2E_P50_MS = 20.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -120,18 +123,22 @@ def run(args: argparse.Namespace) -> int:
     print(f"recpipe bench chain: {args.queries} sequential queries (+{args.warmup} warm-up), num_candidates {k}, "
           f"num_results {n}, device {args.device}, threads {args.threads or 'default'}, workers {args.workers}")
     print(f"{'':<16}{'gRPC server':>22}{'gRPC observed':>22}{'in-process':>22}")
-    print(f"{'stage (ms)':<16}" + f"{'p50':>11}{'p99':>11}" * 3)
+    print(f"{'stage (ms)':<16}" + f"{'p50':>11}{'p99':>11}" * 3 + f"{'target p50':>12}")
     rows = []
     for stage in STAGES:
         gs, go = g_stages[stage]
         ls, _ = l_stages[stage]
-        print(f"{stage:<16}" + "".join(f"{v / 1000:>11.3f}" for v in (gs.p50, gs.p99, go.p50, go.p99, ls.p50, ls.p99)))
+        mark = "ok" if gs.p50 / 1000 <= TARGET_P50_MS[stage] else "MISS"
+        print(f"{stage:<16}" + "".join(f"{v / 1000:>11.3f}" for v in (gs.p50, gs.p99, go.p50, go.p99, ls.p50, ls.p99))
+              + f"{'<= ' + str(TARGET_P50_MS[stage]):>9} {mark}")
         rows.append({"stage": stage, "grpc_server_p50_us": gs.p50, "grpc_server_p99_us": gs.p99,
                      "grpc_observed_p50_us": go.p50, "grpc_observed_p99_us": go.p99,
                      "inprocess_p50_us": ls.p50, "inprocess_p99_us": ls.p99})
     gw_srv, _ = g_stages[TOTAL_STAGE]
     print(f"{'gateway total':<16}" + "".join(f"{v / 1000:>11.3f}" for v in (gw_srv.p50, gw_srv.p99)))
-    print(f"{'end to end':<16}{'':>22}" + "".join(f"{v / 1000:>11.3f}" for v in (g_e2e.p50, g_e2e.p99, l_e2e.p50, l_e2e.p99)))
+    mark = "ok" if g_e2e.p50 / 1000 <= TARGET_E2E_P50_MS else "MISS"
+    print(f"{'end to end':<16}{'':>22}" + "".join(f"{v / 1000:>11.3f}" for v in (g_e2e.p50, g_e2e.p99, l_e2e.p50, l_e2e.p99))
+          + f"{'<= ' + str(TARGET_E2E_P50_MS):>9} {mark}")
     ratio = g_e2e.p50 / l_e2e.p50
     verdict = "meets" if ratio <= TARGET_RATIO else "MISSES"
     print(f"end to end p50: gRPC {g_e2e.p50 / 1000:.3f} ms vs in-process {l_e2e.p50 / 1000:.3f} ms = {ratio:.2f}x "

@@ -3,6 +3,7 @@ repository; ``recpipe recommend`` against it; a killed stage is restarted; SIGTE
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import re
@@ -93,6 +94,24 @@ def test_recommend_command_errors(served, capsys):
     assert main(["recommend", "--user-id", "1", "--timeout", "0"]) == 2
 
 
+def test_bench_chain_grpc_agrees_with_in_process(served, small_models, small_dataset, tmp_path, capsys):
+    _, _, stages = served
+    out = tmp_path / "chain.json"
+    rc = main(["bench", "chain", "--models", str(small_models), "--data", str(small_dataset), "--queries", "20",
+               "--warmup", "3", "--num-candidates", "200", "--threads", "1", "--out", str(out),
+               "--target", stages["gateway"]["address"]])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "gRPC - in-process" in text
+    report = json.loads(out.read_text())
+    assert report["disagreements"] == 0  # the same cores give the same answers through gRPC
+    assert [row["stage"] for row in report["stages"]] == ["augment_user", "retrieve", "augment_items", "rank"]
+    for row in report["stages"]:
+        assert 0 < row["grpc_server_p50_us"] <= row["grpc_observed_p50_us"]
+        assert row["inprocess_p50_us"] > 0
+    assert report["end_to_end"]["grpc_p50_us"] > 0 and report["end_to_end"]["ratio_p50"] > 0
+
+
 def test_killed_stage_is_restarted(served):
     _, lines, stages = served
     old = stages["features"]["pid"]
@@ -147,3 +166,4 @@ def test_demo_reuses_a_workdir_and_prints_the_latency_table(small_models, small_
 def test_demo_rejects_bad_arguments(capsys):
     assert main(["demo", "--scale", "0"]) == 2
     assert main(["demo", "--queries", "0"]) == 2
+
