@@ -126,7 +126,7 @@ def _run_all(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    supervisor.start()
+    supervisor.start(stop)
     print(f"recpipe serving ({len(stages)} stages; Ctrl-C stops):")
     for spec in stages:
         m = f"  metrics http://{args.host}:{spec.metrics_port}/metrics" if spec.metrics_port is not None else ""

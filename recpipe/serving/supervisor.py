@@ -89,17 +89,18 @@ class Supervisor:
         for child in self.children.values():
             self._spawn(child)
 
-    def start(self) -> None:
-        """Start every stage and wait until all are SERVING; on failure stop them all and raise."""
+    def start(self, stop: threading.Event | None = None) -> None:
+        """Start every stage and wait until all are SERVING; on failure, or when ``stop`` is set
+        meanwhile (KeyboardInterrupt), stop them all and raise."""
         self.launch()
         try:
-            self.wait_serving(timeout_s=self.startup_timeout_s, during_startup=True)
+            self.wait_serving(timeout_s=self.startup_timeout_s, during_startup=True, stop=stop)
         except BaseException:
             self.stop()
             raise
 
     def wait_serving(self, names: Sequence[str] | None = None, *, timeout_s: float = 60.0,
-                     during_startup: bool = False) -> None:
+                     during_startup: bool = False, stop: threading.Event | None = None) -> None:
         """Block until the named stages (default all) report SERVING. During start-up a stage that
         exits is an error; afterwards it is restarted by ``check``, which this keeps calling."""
         wanted = list(names or self.children)
@@ -120,7 +121,10 @@ class Supervisor:
             if time.monotonic() > deadline:
                 late = [n for n in wanted if not self.children[n].serving]
                 raise RecpipeError(f"stages not SERVING after {timeout_s:.0f}s: {', '.join(late)}")
-            time.sleep(0.1)
+            if stop is not None and stop.wait(0.1):
+                raise KeyboardInterrupt
+            if stop is None:
+                time.sleep(0.1)
 
     def run(self, stop: threading.Event, poll_s: float = 0.5) -> None:
         """Watch the stages until ``stop`` is set (a signal handler sets it), then stop them all."""
