@@ -47,7 +47,7 @@ from recpipe.v1 import (
 
 _USER_DENSE = 8
 _ITEM_DENSE = 4
-_SPIN_S = 0.0004
+_SPIN_S = 0.0015
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,8 @@ class _Servicer(
         t0 = time.perf_counter()
         delay = self.config.delays.get(stage, 0.0)
         if delay > 0:
-            # A loaded machine wakes sleepers a few hundred microseconds late; the reference must not.
+            # A loaded machine wakes sleepers up to a millisecond or more late; the reference must not,
+            # so it sleeps most of the delay and spins the rest.
             await loops.sleep_until(t0 + delay - _SPIN_S)
             while time.perf_counter() < t0 + delay:
                 pass
