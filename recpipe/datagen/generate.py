@@ -9,7 +9,6 @@ held-out days are generated first so that the oracle runs alongside the rest.
 from __future__ import annotations
 
 import json
-import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -39,11 +38,10 @@ LOOKAHEAD = 3
 
 
 class _Progress:
-    """A tqdm bar, or nothing."""
+    """A tqdm bar (updated by the writing thread only), or nothing."""
 
     def __init__(self, total: int, enabled: bool) -> None:
         self._bar = None
-        self._lock = threading.Lock()
         if enabled:
             from tqdm import tqdm
 
@@ -51,8 +49,7 @@ class _Progress:
 
     def update(self, n: int = 1) -> None:
         if self._bar is not None:
-            with self._lock:
-                self._bar.update(n)
+            self._bar.update(n)
 
     def close(self) -> None:
         if self._bar is not None:

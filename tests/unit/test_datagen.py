@@ -288,3 +288,11 @@ def test_tiniest_scale_is_valid(tmp_path: Path) -> None:
     assert m["rows"] == {"users": 1, "items": 1, "interactions": 4}
     assert m["split"]["holdout_rows"] == 0 and m["oracle"]["auc"] is None
     verify(tmp_path / "d")
+
+
+def test_bench_runs_both_forms(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "datagen", "--scale", "0.001", "--tmp", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "naive" in out and "synth-data" in out and "peak RSS" in out
+    assert os.listdir(tmp_path) == []  # children's outputs are removed
+    assert main(["bench", "datagen", "--scale", "0"]) == 2
