@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
@@ -69,3 +71,21 @@ def test_oracle_top_k_is_exact() -> None:
         kth = np.sort(full)[-50]
         assert full[got].min() >= kth - 1e-4
         assert np.sum(full > kth + 1e-4) <= np.sum(np.isin(np.flatnonzero(full > kth + 1e-4), got))
+
+
+def test_world_does_not_depend_on_how_blocks_are_scheduled() -> None:
+    """Blocks run on two threads in any order give the same world as one thread in order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cfg = DatagenConfig(scale=0.1, seed=9)  # 85,000 items: two blocks
+    serial = make_world(cfg, DEFAULT_MODEL, 90)
+    with ThreadPoolExecutor(2) as pool:
+        def backwards(fn: Callable[[int, int, int], None], bl: list[tuple[int, int]]) -> None:
+            for f in [pool.submit(fn, b, lo, hi) for b, (lo, hi) in reversed(list(enumerate(bl)))]:
+                f.result()
+
+        threaded = make_world(cfg, DEFAULT_MODEL, 90, backwards)
+    for name in ("cat", "brand", "shop", "q", "w", "order", "v_pos"):
+        np.testing.assert_array_equal(getattr(serial.items, name), getattr(threaded.items, name))
+    for name in ("fine", "pref", "u", "activity"):
+        np.testing.assert_array_equal(getattr(serial.users, name), getattr(threaded.users, name))
