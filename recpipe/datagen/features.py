@@ -157,8 +157,11 @@ def user_block(world: World, block: int, lo: int, hi: int) -> pa.Table:
         "u_cat_27": np.minimum((discount * card["u_cat_27"] * 1.6).astype(np.int64), card["u_cat_27"] - 1),
         "u_cat_28": _skewed(rng, n, card["u_cat_28"], 1.5),
         "u_cat_29": rng.integers(0, card["u_cat_29"], n),
-        "u_cat_30": fav_brand % card["u_cat_30"],
-        "u_cat_31": (shop_lo + ((shop_hi - shop_lo) * rng.random(n)).astype(np.int64)) % card["u_cat_31"],
+        # the user vocabularies are smaller than the item ones: bucket neighbouring brand/shop ids (which
+        # belong to the same category), so the link to the preferred category survives
+        "u_cat_30": fav_brand * card["u_cat_30"] // p.n_brands,
+        "u_cat_31": (shop_lo + ((shop_hi - shop_lo) * rng.random(n)).astype(np.int64)) * card["u_cat_31"]
+        // p.n_shops,
         "u_cat_32": rng.integers(0, card["u_cat_32"], n),
         "u_cat_33": _skewed(rng, n, card["u_cat_33"], 0.7),
         "u_cat_34": _skewed(rng, n, card["u_cat_34"], 2.0),
