@@ -1,4 +1,4 @@
-"""Time `synth-data` against a naive writer of random columns of the same shape (wall time, peak RSS).
+"""Time `synth-data` beside a naive writer of random columns of the same shape (wall, CPU, peak RSS).
 
 Each form runs in its own child process (``python -m recpipe.bench.datagen FORM SCALE DIR``) so that
 its peak RSS is its own (``os.wait4`` reports the child's rusage); forms alternate over ``--repeat``
