@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=DEFAULT_MODELS_DIR, metavar="MODELS_DIR",
                         help=f"model repository to write (default {DEFAULT_MODELS_DIR}/)")
     parser.add_argument("--device", default="auto", choices=DEVICE_CHOICES)
-    parser.add_argument("--epochs", type=int, default=None, help="epochs for both models (default 2)")
+    parser.add_argument("--epochs", type=int, default=None, help="epochs for both models (default: 2 for the two-tower, 1 for the DLRM)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--index", default="auto", choices=INDEX_CHOICES,
                         help="FAISS index; auto = the fastest reaching recall@100 >= 0.95 against exact search")
@@ -29,6 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nvtabular-python", default=None, metavar="PATH",
                         help="interpreter of the NVTabular environment (default $RECPIPE_NVTABULAR_PYTHON; "
                              "create one with .ci/nvtabular-env.sh DIR)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch compute threads (0 = torch's default; 1 is often faster on a busy machine)")
     parser.add_argument("--force", action="store_true", help="replace an existing model repository")
     parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
 
@@ -38,6 +40,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.epochs is not None and args.epochs < 1:
         raise UsageError(f"--epochs must be >= 1, got {args.epochs}")
+    if args.threads < 0:
+        raise UsageError(f"--threads must be >= 0, got {args.threads}")
     if args.seed < 0:
         raise UsageError(f"--seed must be >= 0, got {args.seed}")
     data = Path(args.data)
@@ -50,10 +54,11 @@ def run(args: argparse.Namespace) -> int:
         # before any data is read: a missing environment is a usage error, not a late failure
         nvt_python = find_python(args.nvtabular_python)
     cfg = TrainConfig(
-        epochs=args.epochs if args.epochs is not None else TrainConfig.epochs,
+        epochs=args.epochs,
         seed=args.seed,
         device=args.device,
         index=args.index,
+        threads=args.threads,
         progress=not args.quiet,
     )
 

@@ -32,7 +32,7 @@ class TwoTowerConfig:
     user_table_sizes: tuple[int, ...]
     item_table_sizes: tuple[int, ...]
     embedding_dim: int = 16
-    hidden_dims: tuple[int, ...] = (256,)
+    hidden_dims: tuple[int, ...] = (128,)
     out_dim: int = 64
     temperature: float = 0.05
 

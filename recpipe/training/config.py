@@ -9,9 +9,12 @@ INDEX_CHOICES = ("auto", "flat", "ivf", "hnsw")
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Everything ``recpipe train`` decides. ``epochs`` applies to both models."""
+    """Everything ``recpipe train`` decides. ``epochs``, when set, applies to both models."""
 
-    epochs: int = 2
+    epochs: int | None = None
+    #: defaults when ``epochs`` is not set: the DLRM reaches its AUC in one pass over the (sampled) rows
+    retrieval_epochs_default: int = 2
+    ranking_epochs_default: int = 1
     seed: int = 0
     device: str = "auto"
     index: str = "auto"
@@ -29,20 +32,34 @@ class TrainConfig:
     #: negatives kept per positive for DLRM training (the rest are dropped, the kept ones up-weighted)
     negatives_per_positive: float = 3.0
     #: cap on DLRM training rows per epoch (uniform subsample beyond it), for the time budget
-    max_ranking_rows: int = 1_200_000
+    max_ranking_rows: int = 1_000_000
+    #: cap on two-tower training pairs (clicks) per epoch
+    max_retrieval_rows: int = 400_000
     #: held-out rows scored for ranking_auc (uniform subsample beyond it)
     max_eval_rows: int = 200_000
     #: users sampled for the recall@500 metrics and for tuning the index
     eval_users: int = 2000
     index_queries: int = 500
     index_recall_target: float = 0.95
+    #: torch intra-op threads for training (0 = leave torch's setting alone)
+    threads: int = 0
     progress: bool = False
 
+    @property
+    def retrieval_epochs(self) -> int:
+        return self.epochs or self.retrieval_epochs_default
+
+    @property
+    def ranking_epochs(self) -> int:
+        return self.epochs or self.ranking_epochs_default
+
     def __post_init__(self) -> None:
-        if self.epochs < 1:
+        if self.epochs is not None and self.epochs < 1:
             raise ValueError("epochs must be >= 1")
         if self.index not in INDEX_CHOICES:
             raise ValueError(f"index must be one of {', '.join(INDEX_CHOICES)}")
+        if self.threads < 0:
+            raise ValueError("threads must be >= 0")
         if self.seed < 0:
             raise ValueError("seed must be >= 0")
         if self.history_len < 0 or self.max_vocab < 2:

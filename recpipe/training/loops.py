@@ -68,14 +68,17 @@ def train_two_tower(
     opts = [torch.optim.Adam(model.parameters(), lr=cfg.retrieval_lr, fused=True)]
     clicks = np.bincount(items, minlength=core.num_items).astype(np.float64)
     log_q = _t(np.log(np.maximum(clicks, 1.0) / max(1.0, clicks.sum())).astype(np.float32), device)
+    if len(users) > cfg.max_retrieval_rows:
+        keep = np.sort(rng.choice(len(users), cfg.max_retrieval_rows, replace=False))
+        users, items, counts = users[keep], items[keep], counts.take(keep)
     n = len(users)
     # in-batch negatives: the batch is also the number of negatives, so keep it from getting tiny
     batch = step_batch(n, cfg.retrieval_batch, cfg.min_steps, floor=512)
     t0 = time.perf_counter()
     loss_value = float("nan")
     model.train()
-    with Progress(n * cfg.epochs, "two-tower", cfg.progress) as bar:
-        for _ in range(cfg.epochs):
+    with Progress(n * cfg.retrieval_epochs, "two-tower", cfg.progress) as bar:
+        for _ in range(cfg.retrieval_epochs):
             for idx in batches(n, batch, rng):
                 if len(idx) < 2:
                     continue
@@ -98,7 +101,7 @@ def train_two_tower(
                 bar.update(len(idx), loss_value)
     seconds = time.perf_counter() - t0
     model.eval()
-    return model, {"loss": loss_value, "seconds": seconds, "rows_per_s": n * cfg.epochs / max(seconds, 1e-9)}
+    return model, {"loss": loss_value, "seconds": seconds, "rows_per_s": n * cfg.retrieval_epochs / max(seconds, 1e-9)}
 
 
 def embed_items(model: TwoTower, core: FeatureCore, device: torch.device, batch: int = 16384) -> np.ndarray:
@@ -185,8 +188,8 @@ def train_dlrm(
     t0 = time.perf_counter()
     loss_value = float("nan")
     model.train()
-    with Progress(len(rows) * cfg.epochs, "dlrm", cfg.progress) as bar:
-        for idx in _epochs(rng, rows, step_batch(len(rows), cfg.ranking_batch, cfg.min_steps), cfg.epochs):
+    with Progress(len(rows) * cfg.ranking_epochs, "dlrm", cfg.progress) as bar:
+        for idx in _epochs(rng, rows, step_batch(len(rows), cfg.ranking_batch, cfg.min_steps), cfg.ranking_epochs):
             r = rows[idx]
             dense, sparse = ranking_batch(core, users[r], items[r], counts.take(r))
             y = _t(labels[r].astype(np.float32), device)
@@ -203,7 +206,7 @@ def train_dlrm(
             bar.update(len(idx), loss_value)
     seconds = time.perf_counter() - t0
     model.eval()
-    n = len(rows) * cfg.epochs
+    n = len(rows) * cfg.ranking_epochs
     return model, {"loss": loss_value, "seconds": seconds, "rows": float(n), "rows_per_s": n / max(seconds, 1e-9)}
 
 

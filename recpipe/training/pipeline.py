@@ -222,7 +222,8 @@ def train(
             },
             "index": spec.to_json(),
             "training": {
-                "device": devices.describe(dev), "seconds": timings, "config": {
+                "device": devices.describe(dev), "torch_threads": torch.get_num_threads(),
+                "seconds": timings, "config": {
                     k: v for k, v in cfg.__dict__.items() if k != "progress"},
                 "two_tower": tt_stats, "dlrm": dl_stats,
                 "train_rows": train_df.height, "holdout_rows": holdout.height,

@@ -73,7 +73,8 @@ def test_refuses_to_overwrite_without_force(small_models: Path, small_dataset: P
     assert (small_models / "manifest.json").read_bytes() == before
 
 
-@pytest.mark.parametrize("args", [["--epochs", "0"], ["--seed", "-1"], ["--index", "lsh"], ["--device", "tpu"]])
+@pytest.mark.parametrize("args", [["--epochs", "0"], ["--seed", "-1"], ["--index", "lsh"], ["--device", "tpu"],
+                                  ["--threads", "-1"]])
 def test_bad_arguments_exit_2(args: list[str], small_dataset: Path, tmp_path: Path) -> None:
     assert main(["train", "--data", str(small_dataset), "--out", str(tmp_path / "m"), "--quiet", *args]) == 2
     assert not (tmp_path / "m").exists()
