@@ -91,6 +91,7 @@ class Session:
         self.config = config
         self.stream = stream if stream is not None else sys.stderr
         self.channels: list[grpc.aio.Channel] = []
+        self._by_role: dict[str, grpc.aio.Channel] = {}
         self.pipeline: dict[str, Any] = {}
         self.send: loops.Send | None = None
         self.num_users = (0, "")
@@ -110,6 +111,7 @@ class Session:
                 existing = await clients.connect(target, cfg.connect_timeout)
                 self.channels.append(existing)
             chans[name] = existing
+            self._by_role[name] = existing
             self.pipeline[name] = {"target": target, **((await clients.get_info(existing)) or {})}
         if not cfg.per_component:
             await self._probe_stages()
@@ -142,6 +144,15 @@ class Session:
 
         await asyncio.gather(*(probe(name, details[name]) for name in ("features", "retrieval", "ranking")
                                if details.get(name) and name not in self.pipeline))
+
+    async def refresh_info(self) -> None:
+        """Ask again where the first answer lacked a model version (a gateway learns it from its
+        stages' first replies)."""
+        for name, channel in self._by_role.items():
+            if not self.pipeline.get(name, {}).get("model_version"):
+                info = await clients.get_info(channel)
+                if info is not None:
+                    self.pipeline[name].update(info)
 
     async def close(self) -> None:
         for ch in self.channels:
@@ -214,6 +225,7 @@ async def execute(config: QuerygenConfig, stream: TextIO | None = None) -> dict[
             rate = config.rate
             m, rec, planned = await session.measure(rate)
             achieved = achieved_rate(m, rec.measure_from, planned)
+        await session.refresh_info()
     finally:
         await session.close()
 
