@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="interpreter of the NVTabular environment (default $RECPIPE_NVTABULAR_PYTHON; "
                              "create one with .ci/nvtabular-env.sh DIR)")
     parser.add_argument("--threads", type=int, default=0,
-                        help="torch compute threads (0 = torch's default; 1 is often faster on a busy machine)")
+                        help="torch compute threads (0 = auto: 1 on machines with <= 2 cores, else torch's default)")
     parser.add_argument("--force", action="store_true", help="replace an existing model repository")
     parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
 
