@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         faiss.omp_set_num_threads(args.threads)
     features = FeatureCore.load(args.models, args.data)
     retrieval = RetrievalCore.load(args.models, device=args.device)
-    emb = retrieval._embeddings()
+    emb = retrieval.item_embeddings()
     flat = faiss.IndexFlatIP(emb.shape[1])
     flat.add(emb)
     exact_torch = faiss_index.TorchExactSearch(emb, retrieval.torch_device)

@@ -97,7 +97,7 @@ class RetrievalCore:
                 self.index = faiss.index_cpu_to_gpu(self._gpu_res, dev.index or 0, cpu_index)
                 backend = "faiss-gpu"
             else:
-                self.exact = faiss_index.TorchExactSearch(self._embeddings(), dev)
+                self.exact = faiss_index.TorchExactSearch(self.item_embeddings(), dev)
                 backend = "torch-exact"
         else:
             self.index = faiss_index.load(repo.file(INDEX_FILE), spec)
@@ -120,7 +120,8 @@ class RetrievalCore:
     def load(cls, models_dir: Path, device: str = "auto") -> RetrievalCore:
         return cls(Repository.open(Path(models_dir)), devices.resolve(device))
 
-    def _embeddings(self) -> np.ndarray:
+    def item_embeddings(self) -> np.ndarray:
+        """(num_items, D) float32 item embeddings from the repository (verified), read on demand."""
         path = self.repo.file(EMBEDDINGS_FILE)
         try:
             emb = load_file(str(path))["embeddings"].numpy()
@@ -180,7 +181,7 @@ class RetrievalCore:
     def _exact_fallback(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         if self._fallback is None:
             flat = faiss.IndexFlatIP(self.spec.dim)
-            flat.add(self._embeddings())
+            flat.add(self.item_embeddings())
             self._fallback = flat
         scores, ids = self._fallback.search(q, k)
         return scores, ids
