@@ -84,13 +84,37 @@ def test_missing_data_dir_exit_2(tmp_path: Path) -> None:
     assert main(["train", "--data", str(tmp_path / "nope"), "--out", str(tmp_path / "m"), "--quiet"]) == 2
 
 
-def test_force_replaces_atomically_with_a_chosen_index(small_dataset: Path, tmp_path: Path) -> None:
+def test_force_replaces_atomically_with_a_chosen_index(small_dataset: Path, tmp_path: Path, capsys) -> None:
+    import torch
+
+    threads = torch.get_num_threads()
     out = tmp_path / "models"
     out.mkdir()
     (out / "stale.txt").write_text("old")
     assert main(["train", "--data", str(small_dataset), "--out", str(out), "--epochs", "1", "--index", "flat",
-                 "--force", "--quiet"]) == 0
+                 "--threads", "1", "--force", "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == ""  # --quiet
+    assert torch.get_num_threads() == threads  # the run's thread setting does not leak
+    assert Repository.open(out).manifest["training"]["torch_threads"] == 1
     assert not (out / "stale.txt").exists()
     manifest = Repository.open(out).manifest
     assert manifest["metrics"]["index_type"] == "flat" and manifest["metrics"]["index_recall_at_100"] == 1.0
     assert not list(tmp_path.glob(".models.*"))  # no temp dirs left behind
+
+
+def test_device_resolution() -> None:
+    import torch
+
+    from recpipe.device import describe, resolve
+    from recpipe.errors import UsageError
+
+    assert describe(resolve("cpu")) == "cpu"
+    assert resolve("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(UsageError):
+        resolve("npu")
+    if not torch.cuda.is_available():
+        with pytest.raises(UsageError, match="CUDA is not available"):
+            resolve("cuda")
+    else:
+        assert describe(resolve("cuda")).startswith("cuda:0 (")
