@@ -176,7 +176,9 @@ def _write_files(cfg: DatagenConfig, out: Path, world: World, pool: ThreadPoolEx
                         m = s.makers.popleft()
                         s.pending.append(m if isinstance(m, Future) else pool.submit(m))
                 orc.advance()
-                heads = [s.pending[0] for s in streams if s.pending] + orc.pending
+                # only unfinished oracle futures: a finished one would make wait() return at once and
+                # spin this loop, starving the workers of the GIL (measured: 3x slower at scale 1)
+                heads = [s.pending[0] for s in streams if s.pending] + [f for f in orc.pending if not f.done()]
                 wait(heads, return_when=FIRST_COMPLETED)
                 for s in streams:
                     while s.pending and s.pending[0].done():
