@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
 from pathlib import Path
 from time import perf_counter_ns
 from typing import Protocol
@@ -13,9 +11,8 @@ from grpc import aio
 
 from recpipe import codec
 from recpipe.config import MAX_NUM_CANDIDATES
-from recpipe.errors import BadRequest, StageUnavailable
-from recpipe.serving import threads as thread_settings
-from recpipe.serving.stage import CoreRunner, Stage, StageInfo, check_deadline, elapsed_us
+from recpipe.errors import BadRequest
+from recpipe.serving.stage import CoreStage, StageInfo, check_deadline, elapsed_us
 from recpipe.types import ItemFeatures, UserFeatures
 from recpipe.v1 import features_pb2, features_pb2_grpc
 
@@ -33,24 +30,15 @@ class FeatureCoreLike(Protocol):
     def augment_items(self, user_id: int, item_ids: np.ndarray) -> ItemFeatures: ...
 
 
-class FeatureStage(Stage):
+class FeatureStage(CoreStage[FeatureCoreLike]):
     """The feature stage: ``load`` builds the core from ``loader`` off the event loop."""
 
     name = "features"
     service_names = (SERVICE_NAME,)
-
-    def __init__(self, loader: Callable[[], FeatureCoreLike], *, workers: int = 0, threads: int = 0) -> None:
-        self._loader = loader
-        self._core: FeatureCoreLike | None = None
-        self._run = CoreRunner(workers)
-        self._threads = threads
+    thread_pool = "polars"
 
     def add_to_server(self, server: aio.Server) -> None:
         features_pb2_grpc.add_FeatureServiceServicer_to_server(self, server)  # type: ignore[arg-type]
-
-    async def load(self) -> None:
-        self._core = await asyncio.to_thread(self._loader)
-        self._threads = thread_settings.in_use("polars") or self._threads
 
     def info(self) -> StageInfo:
         core = self._core
@@ -63,14 +51,6 @@ class FeatureStage(Stage):
             threads=self._threads,
             details={"num_users": str(core.num_users), "num_items": str(core.num_items)},
         )
-
-    async def close(self) -> None:
-        self._run.close()
-
-    def _ready(self) -> FeatureCoreLike:
-        if self._core is None:
-            raise StageUnavailable("features: still loading")
-        return self._core
 
     async def AugmentUser(
         self, request: features_pb2.AugmentUserRequest, context: aio.ServicerContext

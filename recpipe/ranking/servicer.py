@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from time import perf_counter_ns
 from typing import Protocol
@@ -14,9 +12,8 @@ from grpc import aio
 
 from recpipe import codec, schema
 from recpipe.config import MAX_NUM_CANDIDATES
-from recpipe.errors import BadRequest, StageUnavailable
-from recpipe.serving import threads as thread_settings
-from recpipe.serving.stage import CoreRunner, Stage, StageInfo, check_deadline, elapsed_us
+from recpipe.errors import BadRequest
+from recpipe.serving.stage import CoreStage, StageInfo, check_deadline, elapsed_us
 from recpipe.types import ItemFeatures, UserFeatures
 from recpipe.v1 import ranking_pb2, ranking_pb2_grpc
 
@@ -36,22 +33,12 @@ class RankingCoreLike(Protocol):
     def rank(self, user: UserFeatures, items: ItemFeatures) -> np.ndarray: ...
 
 
-class RankingStage(Stage):
+class RankingStage(CoreStage[RankingCoreLike]):
     name = "ranking"
     service_names = (SERVICE_NAME,)
 
-    def __init__(self, loader: Callable[[], RankingCoreLike], *, workers: int = 0, threads: int = 0) -> None:
-        self._loader = loader
-        self._core: RankingCoreLike | None = None
-        self._run = CoreRunner(workers)
-        self._threads = threads
-
     def add_to_server(self, server: aio.Server) -> None:
         ranking_pb2_grpc.add_RankingServiceServicer_to_server(self, server)  # type: ignore[arg-type]
-
-    async def load(self) -> None:
-        self._core = await asyncio.to_thread(self._loader)
-        self._threads = thread_settings.in_use("torch") or self._threads
 
     def info(self) -> StageInfo:
         core = self._core
@@ -60,15 +47,10 @@ class RankingStage(Stage):
         details = {"user_dense_dim": str(core.user_dense_dim), "item_dense_dim": str(core.item_dense_dim)}
         return StageInfo(self.name, core.device, core.model_version, self._threads, details)
 
-    async def close(self) -> None:
-        self._run.close()
-
     async def Rank(self, request: ranking_pb2.RankRequest, context: aio.ServicerContext) -> ranking_pb2.RankResponse:
         start = perf_counter_ns()
         check_deadline(context, self.name)
-        core = self._core
-        if core is None:
-            raise StageUnavailable("ranking: still loading")
+        core = self._ready()
         user_dense = codec.decode(request.user_dense, "user_dense", "float32", (core.user_dense_dim,))
         user_sparse = codec.decode(request.user_sparse, "user_sparse", "int64", (USER_SPARSE_DIM,))
         item_dense = codec.decode(request.item_dense, "item_dense", "float32", (None, core.item_dense_dim))

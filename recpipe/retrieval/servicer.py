@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from time import perf_counter_ns
 from typing import Protocol
@@ -14,9 +12,8 @@ from grpc import aio
 
 from recpipe import codec, schema
 from recpipe.config import MAX_NUM_CANDIDATES
-from recpipe.errors import BadRequest, StageUnavailable
-from recpipe.serving import threads as thread_settings
-from recpipe.serving.stage import CoreRunner, Stage, StageInfo, check_deadline, elapsed_us
+from recpipe.errors import BadRequest
+from recpipe.serving.stage import CoreStage, StageInfo, check_deadline, elapsed_us
 from recpipe.types import Candidates, UserFeatures
 from recpipe.v1 import retrieval_pb2, retrieval_pb2_grpc
 
@@ -40,22 +37,12 @@ class RetrievalCoreLike(Protocol):
     def retrieve(self, user: UserFeatures, k: int, nprobe: int = 0, ef_search: int = 0) -> Candidates: ...
 
 
-class RetrievalStage(Stage):
+class RetrievalStage(CoreStage[RetrievalCoreLike]):
     name = "retrieval"
     service_names = (SERVICE_NAME,)
 
-    def __init__(self, loader: Callable[[], RetrievalCoreLike], *, workers: int = 0, threads: int = 0) -> None:
-        self._loader = loader
-        self._core: RetrievalCoreLike | None = None
-        self._run = CoreRunner(workers)
-        self._threads = threads
-
     def add_to_server(self, server: aio.Server) -> None:
         retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(self, server)  # type: ignore[arg-type]
-
-    async def load(self) -> None:
-        self._core = await asyncio.to_thread(self._loader)
-        self._threads = thread_settings.in_use("torch") or self._threads
 
     def info(self) -> StageInfo:
         core = self._core
@@ -64,17 +51,12 @@ class RetrievalStage(Stage):
         details = {**core.details, "num_items": str(core.num_items)}
         return StageInfo(self.name, core.device, core.model_version, self._threads, details)
 
-    async def close(self) -> None:
-        self._run.close()
-
     async def Retrieve(
         self, request: retrieval_pb2.RetrieveRequest, context: aio.ServicerContext
     ) -> retrieval_pb2.RetrieveResponse:
         start = perf_counter_ns()
         check_deadline(context, self.name)
-        core = self._core
-        if core is None:
-            raise StageUnavailable("retrieval: still loading")
+        core = self._ready()
         limit = min(MAX_NUM_CANDIDATES, core.num_items)
         if not 0 < request.k <= limit:
             raise BadRequest(f"k: expected 1..{limit}, got {request.k}")

@@ -12,13 +12,15 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from grpc import aio
 
-from recpipe.errors import DeadlineExceeded
+from recpipe.errors import DeadlineExceeded, StageUnavailable
+from recpipe.serving import threads as thread_settings
 
 T = TypeVar("T")
+C = TypeVar("C")
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,35 @@ class Stage(abc.ABC):
     async def close(self) -> None:
         """Release what ``load`` acquired (channels, executors) after the server stopped."""
         return None
+
+
+class CoreStage(Stage, Generic[C]):
+    """A stage serving one pure core: ``load`` builds the core from ``loader`` off the event loop.
+
+    Subclasses add the servicer methods and ``info``; ``thread_pool`` names the library whose thread
+    count the stage reports ("torch" or "polars").
+    """
+
+    thread_pool: str = "torch"
+
+    def __init__(self, loader: Callable[[], C], *, workers: int = 0, threads: int = 0) -> None:
+        self._loader = loader
+        self._core: C | None = None
+        self._run = CoreRunner(workers)
+        self._threads = threads
+
+    async def load(self) -> None:
+        self._core = await asyncio.to_thread(self._loader)
+        self._threads = thread_settings.in_use(self.thread_pool) or self._threads
+
+    async def close(self) -> None:
+        self._run.close()
+
+    def _ready(self) -> C:
+        """The loaded core; UNAVAILABLE while it is still loading."""
+        if self._core is None:
+            raise StageUnavailable(f"{self.name}: still loading")
+        return self._core
 
 
 class CoreRunner:
