@@ -16,19 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from recpipe.datagen.manifest import dataset_sha256, sha256_file
+from recpipe.datagen.manifest import load_manifest as read_data_manifest
 from recpipe.errors import ArtifactMismatch
 
 MANIFEST = "manifest.json"
 DATA_MANIFEST = "manifest.json"
 REPOSITORY_FORMAT = 1
-
-
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -48,40 +42,6 @@ def write_json(path: Path, data: Any) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, path)
-
-
-def read_data_manifest(data_dir: Path) -> dict[str, Any]:
-    path = Path(data_dir) / DATA_MANIFEST
-    if not path.exists():
-        raise ArtifactMismatch(f"{path}: dataset manifest is missing (is {data_dir} a `recpipe synth-data` output?)")
-    manifest = read_json(path)
-    if not isinstance(manifest.get("sha256"), dict) or not manifest["sha256"]:
-        raise ArtifactMismatch(f"{path}: has no per-file 'sha256' map")
-    return manifest
-
-
-def dataset_sha256(data_manifest: dict[str, Any]) -> str:
-    """Identity of a dataset: the manifest's own ``dataset_sha256`` when it has one, else a sha256 over
-    its files' checksums (names sorted)."""
-    given = data_manifest.get("dataset_sha256")
-    if isinstance(given, str) and given:
-        return given
-    files = data_manifest["sha256"]
-    canon = json.dumps({str(k): str(v) for k, v in sorted(files.items())}, sort_keys=True)
-    return hashlib.sha256(canon.encode()).hexdigest()
-
-
-def verify_data_files(data_dir: Path, data_manifest: dict[str, Any], names: list[str] | None = None) -> None:
-    """Check the dataset files (all, or ``names``) against the checksums in the data manifest."""
-    files: dict[str, str] = data_manifest["sha256"]
-    for name in names if names is not None else sorted(files):
-        path = Path(data_dir) / name
-        if name not in files:
-            raise ArtifactMismatch(f"{path}: not listed in {Path(data_dir) / DATA_MANIFEST}")
-        if not path.exists():
-            raise ArtifactMismatch(f"{path}: dataset file is missing")
-        if sha256_file(path) != files[name]:
-            raise ArtifactMismatch(f"{path}: sha256 does not match the dataset manifest (file changed or corrupt)")
 
 
 def write_manifest(root: Path, content: dict[str, Any]) -> dict[str, Any]:

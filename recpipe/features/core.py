@@ -150,17 +150,16 @@ class FeatureCore:
         Polars' thread pool is sized when Polars is first imported: set ``POLARS_MAX_THREADS`` in the
         process environment before that; ``threads`` here is checked against it and logged.
         """
-        from recpipe.repository import Repository, verify_data_files
+        from recpipe.datagen.manifest import verify as verify_dataset
+        from recpipe.repository import Repository
         from recpipe.training.split import split_by_time
 
         if threads is not None and threads != pl.thread_pool_size():
             log.warning("Polars uses %d threads (set POLARS_MAX_THREADS=%d before start-up to change it)",
                         pl.thread_pool_size(), threads)
         repo = Repository.open(Path(models_dir))
-        data_manifest = repo.check_dataset(Path(data_dir))
-        verify_data_files(Path(data_dir), data_manifest,
-                          [schema.TABLE_FILES[t.name] for t in schema.TABLES if schema.TABLE_FILES[t.name]
-                           in data_manifest["sha256"]])
+        repo.check_dataset(Path(data_dir))
+        verify_dataset(Path(data_dir), [schema.TABLE_FILES[t.name] for t in schema.TABLES])
         preprocessor = load_preprocessor(repo)
         raw = repo.json(CONFIG_FILE)
         try:

@@ -26,14 +26,13 @@ from safetensors.torch import save_file
 
 import recpipe
 from recpipe import device as devices
+from recpipe.datagen.manifest import verify as verify_dataset
 from recpipe.errors import UsageError
 from recpipe.features.core import CONFIG_FILE, FeatureConfig, FeatureCore, read_tables
 from recpipe.preprocess import PreprocessConfig, Preprocessor
 from recpipe.ranking.files import DLRM_CONFIG_FILE, DLRM_FILE
 from recpipe.repository import (
     dataset_sha256,
-    read_data_manifest,
-    verify_data_files,
     write_json,
     write_manifest,
 )
@@ -129,8 +128,7 @@ def _train(
         return time.perf_counter()
 
     t = time.perf_counter()
-    data_manifest = read_data_manifest(data_dir)
-    verify_data_files(data_dir, data_manifest)
+    data_manifest = verify_dataset(data_dir)
     users, items, interactions = read_tables(data_dir)
     train_df, holdout = split_by_time(interactions)
     if train_df.height == 0 or int(train_df["label"].sum()) == 0:
