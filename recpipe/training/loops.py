@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -24,6 +24,16 @@ from recpipe.training.config import TrainConfig
 from recpipe.training.progress import Progress, batches
 
 log = logging.getLogger(__name__)
+
+
+def _step(opts: Sequence[torch.optim.Optimizer], loss: torch.Tensor) -> float:
+    """Zero, backpropagate, step every optimiser; returns the loss value."""
+    for opt in opts:
+        opt.zero_grad(set_to_none=True)
+    loss.backward()
+    for opt in opts:
+        opt.step()
+    return float(loss.detach())
 
 
 def autocast(device: torch.device) -> contextlib.AbstractContextManager[object]:
@@ -92,12 +102,7 @@ def train_two_tower(
                     ue = model.user_tower(ud, us)
                     ie = model.item_tower(idn, isp)
                     loss = model.in_batch_loss(ue.float(), ie.float(), iid, log_q[iid])
-                for opt in opts:
-                    opt.zero_grad(set_to_none=True)
-                loss.backward()
-                for opt in opts:
-                    opt.step()
-                loss_value = float(loss.detach())
+                loss_value = _step(opts, loss)
                 bar.update(len(idx), loss_value)
     seconds = time.perf_counter() - t0
     model.eval()
@@ -197,12 +202,7 @@ def train_dlrm(
             with autocast(device):
                 logits = model(_t(dense, device), _t(sparse, device))
             loss = (F.binary_cross_entropy_with_logits(logits.float(), y, reduction="none") * w).sum() / w.sum()
-            for opt in opts:
-                opt.zero_grad(set_to_none=True)
-            loss.backward()
-            for opt in opts:
-                opt.step()
-            loss_value = float(loss.detach())
+            loss_value = _step(opts, loss)
             bar.update(len(idx), loss_value)
     seconds = time.perf_counter() - t0
     model.eval()
