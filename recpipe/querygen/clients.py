@@ -14,11 +14,11 @@ from typing import Any
 
 import grpc
 import grpc.aio
-import numpy as np
 
 from recpipe import codec
 from recpipe.config import STAGES, TOTAL_STAGE
 from recpipe.errors import BadRequest, UsageError
+from recpipe.gateway.chain import top_n
 from recpipe.querygen.loops import Outcome, Send
 from recpipe.querygen.workload import QueryStream
 from recpipe.v1 import (
@@ -98,15 +98,6 @@ def gateway_send(channel: grpc.aio.Channel, queries: QueryStream, num_results: i
         return "OK", [(t.stage, t.server_us, t.observed_us) for t in resp.timings]
 
     return send
-
-
-def top_n(ids: np.ndarray, scores: np.ndarray, n: int) -> np.ndarray:
-    """The ``n`` ids with the highest scores, best first."""
-    n = min(n, ids.shape[0])
-    if n == 0:
-        return ids[:0]
-    top = np.argpartition(-scores, n - 1)[:n]
-    return ids[top[np.argsort(-scores[top], kind="stable")]]
 
 
 def component_send(
