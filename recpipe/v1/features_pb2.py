@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from recpipe.v1 import tensor_pb2 as recpipe_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19recpipe/v1/features.proto\x12\nrecpipe.v1\x1a\x17recpipe/v1/tensor.proto\"%\n\x12\x41ugmentUserRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\x03\"\xaa\x01\n\x13\x41ugmentUserResponse\x12\x0f\n\x07user_id\x18\x01 \x01(\x03\x12!\n\x05\x64\x65nse\x18\x02 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12\"\n\x06sparse\x18\x03 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12(\n\x0crecent_items\x18\x04 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12\x11\n\tserver_us\x18\x05 \x01(\x03\"L\n\x13\x41ugmentItemsRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\x03\x12$\n\x08item_ids\x18\x02 \x01(\x0b\x32\x12.recpipe.v1.Tensor\"p\n\x14\x41ugmentItemsResponse\x12!\n\x05\x64\x65nse\x18\x01 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12\"\n\x06sparse\x18\x02 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12\x11\n\tserver_us\x18\x03 \x01(\x03\x32\xb3\x01\n\x0e\x46\x65\x61tureService\x12N\n\x0b\x41ugmentUser\x12\x1e.recpipe.v1.AugmentUserRequest\x1a\x1f.recpipe.v1.AugmentUserResponse\x12Q\n\x0c\x41ugmentItems\x12\x1f.recpipe.v1.AugmentItemsRequest\x1a .recpipe.v1.AugmentItemsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19recpipe/v1/features.proto\x12\nrecpipe.v1\x1a\x17recpipe/v1/tensor.proto\"%\n\x12\x41ugmentUserRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\x03\"\xe4\x01\n\x13\x41ugmentUserResponse\x12\x0f\n\x07user_id\x18\x01 \x01(\x03\x12!\n\x05\x64\x65nse\x18\x02 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12\"\n\x06sparse\x18\x03 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12(\n\x0crecent_items\x18\x04 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12\x11\n\tserver_us\x18\x05 \x01(\x03\x12\x10\n\x08queue_us\x18\x06 \x01(\x03\x12\x12\n\ncompute_us\x18\x07 \x01(\x03\x12\x12\n\nbatch_size\x18\x08 \x01(\x05\"L\n\x13\x41ugmentItemsRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\x03\x12$\n\x08item_ids\x18\x02 \x01(\x0b\x32\x12.recpipe.v1.Tensor\"\xaa\x01\n\x14\x41ugmentItemsResponse\x12!\n\x05\x64\x65nse\x18\x01 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12\"\n\x06sparse\x18\x02 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12\x11\n\tserver_us\x18\x03 \x01(\x03\x12\x10\n\x08queue_us\x18\x04 \x01(\x03\x12\x12\n\ncompute_us\x18\x05 \x01(\x03\x12\x12\n\nbatch_size\x18\x06 \x01(\x05\x32\xb3\x01\n\x0e\x46\x65\x61tureService\x12N\n\x0b\x41ugmentUser\x12\x1e.recpipe.v1.AugmentUserRequest\x1a\x1f.recpipe.v1.AugmentUserResponse\x12Q\n\x0c\x41ugmentItems\x12\x1f.recpipe.v1.AugmentItemsRequest\x1a .recpipe.v1.AugmentItemsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,11 +35,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_AUGMENTUSERREQUEST']._serialized_start=66
   _globals['_AUGMENTUSERREQUEST']._serialized_end=103
   _globals['_AUGMENTUSERRESPONSE']._serialized_start=106
-  _globals['_AUGMENTUSERRESPONSE']._serialized_end=276
-  _globals['_AUGMENTITEMSREQUEST']._serialized_start=278
-  _globals['_AUGMENTITEMSREQUEST']._serialized_end=354
-  _globals['_AUGMENTITEMSRESPONSE']._serialized_start=356
-  _globals['_AUGMENTITEMSRESPONSE']._serialized_end=468
-  _globals['_FEATURESERVICE']._serialized_start=471
-  _globals['_FEATURESERVICE']._serialized_end=650
+  _globals['_AUGMENTUSERRESPONSE']._serialized_end=334
+  _globals['_AUGMENTITEMSREQUEST']._serialized_start=336
+  _globals['_AUGMENTITEMSREQUEST']._serialized_end=412
+  _globals['_AUGMENTITEMSRESPONSE']._serialized_start=415
+  _globals['_AUGMENTITEMSRESPONSE']._serialized_end=585
+  _globals['_FEATURESERVICE']._serialized_start=588
+  _globals['_FEATURESERVICE']._serialized_end=767
 # @@protoc_insertion_point(module_scope)

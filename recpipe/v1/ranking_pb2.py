@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from recpipe.v1 import tensor_pb2 as recpipe_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18recpipe/v1/ranking.proto\x12\nrecpipe.v1\x1a\x17recpipe/v1/tensor.proto\"\xaf\x01\n\x0bRankRequest\x12&\n\nuser_dense\x18\x01 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12\'\n\x0buser_sparse\x18\x02 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12&\n\nitem_dense\x18\x03 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12\'\n\x0bitem_sparse\x18\x04 \x01(\x0b\x32\x12.recpipe.v1.Tensor\"\\\n\x0cRankResponse\x12\"\n\x06scores\x18\x01 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12\x11\n\tserver_us\x18\x02 \x01(\x03\x12\x15\n\rmodel_version\x18\x03 \x01(\t2K\n\x0eRankingService\x12\x39\n\x04Rank\x12\x17.recpipe.v1.RankRequest\x1a\x18.recpipe.v1.RankResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18recpipe/v1/ranking.proto\x12\nrecpipe.v1\x1a\x17recpipe/v1/tensor.proto\"\xaf\x01\n\x0bRankRequest\x12&\n\nuser_dense\x18\x01 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12\'\n\x0buser_sparse\x18\x02 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12&\n\nitem_dense\x18\x03 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12\'\n\x0bitem_sparse\x18\x04 \x01(\x0b\x32\x12.recpipe.v1.Tensor\"\x96\x01\n\x0cRankResponse\x12\"\n\x06scores\x18\x01 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12\x11\n\tserver_us\x18\x02 \x01(\x03\x12\x15\n\rmodel_version\x18\x03 \x01(\t\x12\x10\n\x08queue_us\x18\x04 \x01(\x03\x12\x12\n\ncompute_us\x18\x05 \x01(\x03\x12\x12\n\nbatch_size\x18\x06 \x01(\x05\x32K\n\x0eRankingService\x12\x39\n\x04Rank\x12\x17.recpipe.v1.RankRequest\x1a\x18.recpipe.v1.RankResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,8 +34,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_RANKREQUEST']._serialized_start=66
   _globals['_RANKREQUEST']._serialized_end=241
-  _globals['_RANKRESPONSE']._serialized_start=243
-  _globals['_RANKRESPONSE']._serialized_end=335
-  _globals['_RANKINGSERVICE']._serialized_start=337
-  _globals['_RANKINGSERVICE']._serialized_end=412
+  _globals['_RANKRESPONSE']._serialized_start=244
+  _globals['_RANKRESPONSE']._serialized_end=394
+  _globals['_RANKINGSERVICE']._serialized_start=396
+  _globals['_RANKINGSERVICE']._serialized_end=471
 # @@protoc_insertion_point(module_scope)

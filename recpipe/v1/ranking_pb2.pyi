@@ -19,11 +19,17 @@ class RankRequest(_message.Message):
     def __init__(self, user_dense: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., user_sparse: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., item_dense: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., item_sparse: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ...) -> None: ...
 
 class RankResponse(_message.Message):
-    __slots__ = ("scores", "server_us", "model_version")
+    __slots__ = ("scores", "server_us", "model_version", "queue_us", "compute_us", "batch_size")
     SCORES_FIELD_NUMBER: _ClassVar[int]
     SERVER_US_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_US_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_US_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     scores: _tensor_pb2.Tensor
     server_us: int
     model_version: str
-    def __init__(self, scores: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., server_us: _Optional[int] = ..., model_version: _Optional[str] = ...) -> None: ...
+    queue_us: int
+    compute_us: int
+    batch_size: int
+    def __init__(self, scores: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., server_us: _Optional[int] = ..., model_version: _Optional[str] = ..., queue_us: _Optional[int] = ..., compute_us: _Optional[int] = ..., batch_size: _Optional[int] = ...) -> None: ...

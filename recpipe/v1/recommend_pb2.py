@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1arecpipe/v1/recommend.proto\x12\nrecpipe.v1\"P\n\x10RecommendRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\x03\x12\x16\n\x0enum_candidates\x18\x02 \x01(\x05\x12\x13\n\x0bnum_results\x18\x03 \x01(\x05\"D\n\x0bStageTiming\x12\r\n\x05stage\x18\x01 \x01(\t\x12\x11\n\tserver_us\x18\x02 \x01(\x03\x12\x13\n\x0bobserved_us\x18\x03 \x01(\x03\"v\n\x11RecommendResponse\x12\x10\n\x08item_ids\x18\x01 \x03(\x03\x12\x0e\n\x06scores\x18\x02 \x03(\x02\x12(\n\x07timings\x18\x03 \x03(\x0b\x32\x17.recpipe.v1.StageTiming\x12\x15\n\rmodel_version\x18\x04 \x01(\t2\\\n\x10RecommendService\x12H\n\tRecommend\x12\x1c.recpipe.v1.RecommendRequest\x1a\x1d.recpipe.v1.RecommendResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1arecpipe/v1/recommend.proto\x12\nrecpipe.v1\"P\n\x10RecommendRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\x03\x12\x16\n\x0enum_candidates\x18\x02 \x01(\x05\x12\x13\n\x0bnum_results\x18\x03 \x01(\x05\"~\n\x0bStageTiming\x12\r\n\x05stage\x18\x01 \x01(\t\x12\x11\n\tserver_us\x18\x02 \x01(\x03\x12\x13\n\x0bobserved_us\x18\x03 \x01(\x03\x12\x10\n\x08queue_us\x18\x04 \x01(\x03\x12\x12\n\ncompute_us\x18\x05 \x01(\x03\x12\x12\n\nbatch_size\x18\x06 \x01(\x05\"v\n\x11RecommendResponse\x12\x10\n\x08item_ids\x18\x01 \x03(\x03\x12\x0e\n\x06scores\x18\x02 \x03(\x02\x12(\n\x07timings\x18\x03 \x03(\x0b\x32\x17.recpipe.v1.StageTiming\x12\x15\n\rmodel_version\x18\x04 \x01(\t2\\\n\x10RecommendService\x12H\n\tRecommend\x12\x1c.recpipe.v1.RecommendRequest\x1a\x1d.recpipe.v1.RecommendResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,9 +34,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RECOMMENDREQUEST']._serialized_start=42
   _globals['_RECOMMENDREQUEST']._serialized_end=122
   _globals['_STAGETIMING']._serialized_start=124
-  _globals['_STAGETIMING']._serialized_end=192
-  _globals['_RECOMMENDRESPONSE']._serialized_start=194
-  _globals['_RECOMMENDRESPONSE']._serialized_end=312
-  _globals['_RECOMMENDSERVICE']._serialized_start=314
-  _globals['_RECOMMENDSERVICE']._serialized_end=406
+  _globals['_STAGETIMING']._serialized_end=250
+  _globals['_RECOMMENDRESPONSE']._serialized_start=252
+  _globals['_RECOMMENDRESPONSE']._serialized_end=370
+  _globals['_RECOMMENDSERVICE']._serialized_start=372
+  _globals['_RECOMMENDSERVICE']._serialized_end=464
 # @@protoc_insertion_point(module_scope)

@@ -17,14 +17,20 @@ class RecommendRequest(_message.Message):
     def __init__(self, user_id: _Optional[int] = ..., num_candidates: _Optional[int] = ..., num_results: _Optional[int] = ...) -> None: ...
 
 class StageTiming(_message.Message):
-    __slots__ = ("stage", "server_us", "observed_us")
+    __slots__ = ("stage", "server_us", "observed_us", "queue_us", "compute_us", "batch_size")
     STAGE_FIELD_NUMBER: _ClassVar[int]
     SERVER_US_FIELD_NUMBER: _ClassVar[int]
     OBSERVED_US_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_US_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_US_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     stage: str
     server_us: int
     observed_us: int
-    def __init__(self, stage: _Optional[str] = ..., server_us: _Optional[int] = ..., observed_us: _Optional[int] = ...) -> None: ...
+    queue_us: int
+    compute_us: int
+    batch_size: int
+    def __init__(self, stage: _Optional[str] = ..., server_us: _Optional[int] = ..., observed_us: _Optional[int] = ..., queue_us: _Optional[int] = ..., compute_us: _Optional[int] = ..., batch_size: _Optional[int] = ...) -> None: ...
 
 class RecommendResponse(_message.Message):
     __slots__ = ("item_ids", "scores", "timings", "model_version")
