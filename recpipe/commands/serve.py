@@ -10,6 +10,7 @@ unless --metrics-port says otherwise (-1 turns them off).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,13 +25,22 @@ if TYPE_CHECKING:
 STAGES = ("all", "gateway", "features", "retrieval", "ranking")
 #: --stage all: the order stage ports follow the gateway's.
 PORT_ORDER = ("gateway", "features", "retrieval", "ranking")
+#: Defaults of --host and of the gateway's stage targets, for containers (docker-compose.yml sets them,
+#: an override such as docker-compose.hostnet.yml changes them). Flags win over the environment.
+BIND_HOST_ENV = "RECPIPE_BIND_HOST"
+
+
+def target_env(stage: str) -> str:
+    """The environment variable holding the gateway's default target for ``stage``."""
+    return f"RECPIPE_{stage.upper()}_TARGET"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", type=Path, default=Path(DEFAULT_MODELS_DIR), help="model repository")
     parser.add_argument("--data", type=Path, default=Path(DEFAULT_DATA_DIR), help="dataset directory")
     parser.add_argument("--stage", choices=STAGES, default="all")
-    parser.add_argument("--host", default=DEFAULT_HOST, help="address to bind (default %(default)s)")
+    parser.add_argument("--host", default=os.environ.get(BIND_HOST_ENV) or DEFAULT_HOST,
+                        help=f"address to bind (default ${BIND_HOST_ENV}, else {DEFAULT_HOST})")
     parser.add_argument("--port", type=int, default=None,
                         help="gRPC port (default: the stage's own, gateway 50051 ... ranking 50054; 0 = free)")
     parser.add_argument("--metrics-port", type=int, default=None,
@@ -42,8 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grace", type=float, default=5.0, help="seconds to drain in-flight requests on stop")
     parser.add_argument("--startup-timeout", type=float, default=600.0, help="--stage all: seconds to wait for SERVING")
     for stage in ("features", "retrieval", "ranking"):
-        parser.add_argument(f"--{stage}", dest=f"target_{stage}", default=None, metavar="TARGET",
-                            help=f"--stage gateway: {stage} target, host:port or dns:///host:port")
+        env = target_env(stage)
+        parser.add_argument(f"--{stage}", dest=f"target_{stage}", default=None,
+                            metavar="TARGET", help=f"--stage gateway: {stage} target, host:port, dns:///host:port "
+                            f"or ipv4:host:port,host:port (default ${env}, else HOST:its default port)")
 
 
 def _metrics_port(flag: int | None, grpc_port: int, offset: int) -> int | None:
@@ -75,18 +87,22 @@ def run(args: argparse.Namespace) -> int:
     return _run_all(args)
 
 
+def gateway_targets(args: argparse.Namespace) -> dict[str, str]:
+    """The gateway's stage targets: --features/--retrieval/--ranking, else $RECPIPE_<STAGE>_TARGET, else
+    the stage's default port on the bind host (a wildcard bind reaches them on 127.0.0.1)."""
+    from recpipe.serving.config import default_targets
+
+    targets = default_targets(_connect_host(args.host))
+    return {s: getattr(args, f"target_{s}") or os.environ.get(target_env(s)) or t for s, t in targets.items()}
+
+
 def _run_one(args: argparse.Namespace) -> int:
     import asyncio
 
     from recpipe.serving import runner
-    from recpipe.serving.config import default_targets
 
     port = DEFAULT_PORTS[args.stage] if args.port is None else args.port
-    targets = {}
-    if args.stage == "gateway":
-        targets = default_targets(_connect_host(args.host))
-        for s in targets:
-            targets[s] = getattr(args, f"target_{s}") or targets[s]
+    targets = gateway_targets(args) if args.stage == "gateway" else {}
     cfg = stage_config(args, args.stage, port, _metrics_port(args.metrics_port, port, 0), targets)
     asyncio.run(runner.serve(cfg))
     return 0
