@@ -95,7 +95,8 @@ def test_unknown_user_and_bad_items(core: FeatureCore) -> None:
         core.augment_items(0, np.zeros((2, 2), dtype=np.int64))
     with pytest.raises(BadRequest, match="integers"):
         core.augment_items(0, np.array([0.5]))
-    assert core.augment_items(0, np.zeros(0, dtype=np.int64)).dense.shape == (0, core.item_dense_dim)
+    with pytest.raises(BadRequest, match=r"expected 1\.\.10000 ids, got 0"):
+        core.augment_items(0, np.zeros(0, dtype=np.int64))
 
 
 def test_returned_arrays_do_not_alias_the_tables(core: FeatureCore) -> None:
