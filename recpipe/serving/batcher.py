@@ -99,6 +99,7 @@ class Batcher(Generic[Q, R]):
         self._worker: asyncio.Task[None] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{stage}-core")
         self._closed = False
+        self._running: list[_Pending[Q, R]] = []
         #: Recent core-call time in seconds (EWMA); 0 until the first batch ran.
         self.service_s = 0.0
         self.batches = 0
@@ -140,12 +141,12 @@ class Batcher(Generic[Q, R]):
             raise
 
     async def close(self) -> None:
-        """Fail what is still queued with UNAVAILABLE and stop the worker."""
+        """Fail what is still queued or computing with UNAVAILABLE and stop the worker."""
         self._closed = True
-        while self._queue:
-            p = self._queue.popleft()
+        for p in [*self._queue, *self._running]:
             if not p.future.done():
                 p.future.set_exception(StageUnavailable(f"{self.stage}: shutting down"))
+        self._queue.clear()
         if self._worker is not None:
             self._worker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -168,6 +169,7 @@ class Batcher(Generic[Q, R]):
             if not batch:
                 continue
             start = time.perf_counter_ns()
+            self._running = batch
             try:
                 answers = await loop.run_in_executor(self._executor, self.fn, [p.query for p in batch])
                 if len(answers) != len(batch):
@@ -175,6 +177,7 @@ class Batcher(Generic[Q, R]):
             except Exception as e:  # the whole core call failed: every request in it gets the error
                 answers = [e] * len(batch)
             end = time.perf_counter_ns()
+            self._running = []
             compute_us = (end - start) // 1000
             seconds = (end - start) / 1e9
             self.service_s = seconds if self.batches == 0 else (1 - _EWMA) * self.service_s + _EWMA * seconds

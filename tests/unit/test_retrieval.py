@@ -155,3 +155,18 @@ def test_cuda_retrieval(cores, small_models: Path) -> None:
     assert gpu.device.startswith("cuda:") and gpu.details["backend"] in ("faiss-gpu", "torch-exact")
     found = gpu.retrieve(features.augment_user(2), 50)
     assert len(np.unique(found.item_ids)) == 50
+
+
+def test_a_batch_of_queries_finds_what_each_finds_alone(cores) -> None:
+    from recpipe.retrieval.contract import RetrieveQuery
+
+    features, retrieval = cores
+    queries = []
+    for user_id, k, nprobe in ((0, 50, 0), (1, 50, 0), (2, 10, 0), (3, 50, 4), (4, 0, 0), (5, 50, 0)):
+        user = features.augment_user(user_id)
+        queries.append(RetrieveQuery.checked(user.dense, user.sparse, k, retrieval.limits, nprobe=nprobe))
+    together = retrieval.retrieve_batch(queries)
+    for q, found in zip(queries, together, strict=True):
+        alone = retrieval.retrieve_batch([q])[0]
+        assert found.item_ids.tolist() == alone.item_ids.tolist()
+        np.testing.assert_allclose(found.scores, alone.scores, rtol=1e-5, atol=1e-6)
