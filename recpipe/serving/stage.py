@@ -64,7 +64,9 @@ class CoreStage(Stage, Generic[C]):
 
     Subclasses add the servicer methods and ``info``, and create their batchers in ``_start`` (once the
     core exists) with ``_batcher``; ``thread_pool`` names the library whose thread count the stage
-    reports ("torch" or "polars"). ``workers`` sizes the pool of the calls that are not batched.
+    reports ("torch" or "polars"). ``workers`` 0 runs core calls inline on the event loop (the cheapest
+    hop); N > 0 runs the batched calls on the batcher's thread and the others on a pool of N threads, so
+    the loop keeps accepting and refusing requests while a core computes.
     """
 
     thread_pool: str = "torch"
@@ -89,7 +91,8 @@ class CoreStage(Stage, Generic[C]):
         """Create the batchers over the loaded ``core`` (none by default)."""
 
     def _batcher(self, method: str, fn: Callable[[Sequence[Q]], Sequence[R | BaseException]]) -> Batcher[Q, R]:
-        batcher: Batcher[Q, R] = Batcher(f"{self.name}.{method}", fn, self.batch_config)
+        batcher: Batcher[Q, R] = Batcher(f"{self.name}.{method}", fn, self.batch_config,
+                                         threaded=self._run.threaded)
         self._batchers.append(batcher)
         return batcher
 
@@ -121,6 +124,10 @@ class CoreRunner:
 
     def __init__(self, workers: int) -> None:
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="core") if workers > 0 else None
+
+    @property
+    def threaded(self) -> bool:
+        return self._executor is not None
 
     async def __call__(self, fn: Callable[..., T], *args: object) -> T:
         if self._executor is None:
