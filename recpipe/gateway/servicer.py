@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from grpc import aio
 
-from recpipe.errors import Overloaded, StageUnavailable
+from recpipe.errors import StageUnavailable
+from recpipe.gateway.admission import Admission
 from recpipe.gateway.chain import Chain
 from recpipe.gateway.clients import GrpcFeatureClient, GrpcRankingClient, GrpcRetrievalClient
 from recpipe.serving.stage import Stage, StageInfo, check_deadline
@@ -20,8 +21,7 @@ class GatewayStage(Stage):
 
     def __init__(self, features: str, retrieval: str, ranking: str, *, max_in_flight: int = 512) -> None:
         self.targets = {"features": features, "retrieval": retrieval, "ranking": ranking}
-        self.max_in_flight = max_in_flight
-        self.in_flight = 0
+        self.admission = Admission(max_in_flight)
         self.chain: Chain | None = None
         self._clients: tuple[GrpcFeatureClient, GrpcRetrievalClient, GrpcRankingClient] | None = None
 
@@ -41,7 +41,7 @@ class GatewayStage(Stage):
 
     def info(self) -> StageInfo:
         version = self.chain.model_version if self.chain is not None else ""
-        return StageInfo(self.name, "cpu", version, 1, {**self.targets, "max_in_flight": str(self.max_in_flight)})
+        return StageInfo(self.name, "cpu", version, 1, {**self.targets, "max_in_flight": str(self.admission.max_in_flight)})
 
     async def close(self) -> None:
         if self._clients is not None:
@@ -54,15 +54,15 @@ class GatewayStage(Stage):
         deadline = check_deadline(context, self.name)
         if self.chain is None:
             raise StageUnavailable("gateway: still starting")
-        if self.in_flight >= self.max_in_flight:
-            raise Overloaded(f"gateway: {self.in_flight} requests in flight (--max-in-flight {self.max_in_flight})")
-        self.in_flight += 1
+        self.admission.admit(deadline)
+        completed = False
         try:
             rec = await self.chain.recommend(
                 int(request.user_id), int(request.num_candidates), int(request.num_results), deadline
             )
+            completed = True
         finally:
-            self.in_flight -= 1
+            self.admission.release(completed)
         return recommend_pb2.RecommendResponse(
             item_ids=rec.item_ids.tolist(),
             scores=rec.scores.tolist(),

@@ -16,6 +16,9 @@ from recpipe.ranking.predictor import Predictor
 from recpipe.repository import Repository
 from recpipe.types import ItemFeatures, UserFeatures
 
+#: Candidates per DLRM forward at most when requests are batched (a single request may exceed it).
+CHUNK_ROWS = 4096
+
 
 class RankingCore:
     """``rank(user, items)`` -> (k,) float32 click probabilities, in the order of ``items``."""
@@ -57,8 +60,23 @@ class RankingCore:
         return self.rank_batch([RankQuery.checked(user.dense, user.sparse, items.dense, items.sparse, self.limits)])[0]
 
     def rank_batch(self, queries: Sequence[RankQuery]) -> list[np.ndarray]:
-        """One DLRM forward over every query's candidates (the user-side work still done once per
-        query), split back: each (k_i,) float32 equals what the query would get alone."""
+        """DLRM forwards over every query's candidates, ``CHUNK_ROWS`` candidates at a time at most (the
+        user-side work still done once per query), split back: each (k_i,) float32 equals what the
+        query would get alone. The chunks bound the working set: one forward over 32 x 500 candidates
+        would hold ~150 MB of intermediates and leave the process that much larger for good."""
+        out: list[np.ndarray] = []
+        chunk: list[RankQuery] = []
+        rows = 0
+        for q in queries:
+            if chunk and rows + q.k > CHUNK_ROWS:
+                out.extend(self._forward(chunk))
+                chunk, rows = [], 0
+            chunk.append(q)
+            rows += q.k
+        out.extend(self._forward(chunk))
+        return out
+
+    def _forward(self, queries: Sequence[RankQuery]) -> list[np.ndarray]:
         counts = [q.k for q in queries]
         scores = self.predictor.score_batch(
             np.stack([q.user_dense for q in queries]),

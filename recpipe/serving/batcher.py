@@ -8,9 +8,9 @@ Modelled on Triton's dynamic batcher and queue policy and Ray Serve's ``@serve.b
   ``max_queue_delay_us`` after the first for others to arrive (0: take what is already queued), runs
   the core's batch function once off the event loop and hands each request its own answer;
 - **admission**: a request is refused at once with ``Overloaded`` (RESOURCE_EXHAUSTED) when the queue
-  is full, or when its remaining deadline is shorter than the stage's recent service time times the
-  batches queued ahead of it plus its own (it could not finish in time, so doing its work would only
-  delay the others);
+  is full, or when its remaining deadline is shorter than the stage's recent service time per request
+  times the requests queued and running ahead of it plus its own (it could not finish in time, so
+  doing its work would only delay the others);
 - a queued request whose deadline passes, or whose caller cancels, is dropped before any work is done
   on it and frees its slot at once;
 - every answer carries its queue time, the compute time of the core call and the batch size, the
@@ -102,8 +102,11 @@ class Batcher(Generic[Q, R]):
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{stage}-core") if threaded else None
         self._closed = False
         self._running: list[_Pending[Q, R]] = []
-        #: Recent core-call time in seconds (EWMA); 0 until the first batch ran.
-        self.service_s = 0.0
+        #: Recent core time per request in seconds (EWMA of batch time / batch size); 0 until the first
+        #: batch ran. Per request rather than per batch: a batch's time grows with its size, and once the
+        #: load is gone the next request runs alone, so a per-batch figure learnt under load would keep
+        #: refusing requests the idle stage could serve.
+        self.request_s = 0.0
         self.batches = 0
         self.requests = 0
 
@@ -121,10 +124,11 @@ class Batcher(Generic[Q, R]):
             left = deadline - time.monotonic()
             if left <= 0:
                 raise DeadlineExceeded(f"{self.stage}: deadline passed before the request was queued")
-            expected = (len(self._queue) // self.config.max_batch + 1) * self.service_s
+            expected = (len(self._queue) + len(self._running) + 1) * self.request_s
             if left < expected:
                 raise Overloaded(f"{self.stage}: {left * 1e3:.1f} ms left of the deadline, less than the "
-                                 f"{expected * 1e3:.1f} ms the queue and the stage's recent service time need")
+                                 f"{expected * 1e3:.1f} ms the {len(self._queue)} queued and "
+                                 f"{len(self._running)} running requests need at the recent service time")
         loop = asyncio.get_running_loop()
         if self._worker is None:
             self._wake = asyncio.Event()
@@ -186,8 +190,8 @@ class Batcher(Generic[Q, R]):
             end = time.perf_counter_ns()
             self._running = []
             compute_us = (end - start) // 1000
-            seconds = (end - start) / 1e9
-            self.service_s = seconds if self.batches == 0 else (1 - _EWMA) * self.service_s + _EWMA * seconds
+            per_request = (end - start) / 1e9 / len(batch)
+            self.request_s = per_request if self.batches == 0 else (1 - _EWMA) * self.request_s + _EWMA * per_request
             self.batches += 1
             self.requests += len(batch)
             for p, answer in zip(batch, answers, strict=True):

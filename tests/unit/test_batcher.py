@@ -122,12 +122,28 @@ def test_a_deadline_shorter_than_the_expected_wait_is_refused() -> None:
     async def go() -> None:
         b = Batcher("retrieval.Retrieve", core, BatchConfig(max_batch=1))
         await b.submit(1)  # teaches the batcher its service time (~50 ms)
-        assert b.service_s >= 0.04
+        assert b.request_s >= 0.04
         with pytest.raises(Overloaded, match="ms left of the deadline"):
             await b.submit(2, deadline=time.monotonic() + 0.01)
         with pytest.raises(DeadlineExceeded):
             await b.submit(2, deadline=time.monotonic() - 0.001)
         assert (await b.submit(3, deadline=time.monotonic() + 5)).value == 6
+        await b.close()
+
+    run(go())
+
+
+def test_the_estimate_is_per_request_so_an_idle_stage_admits_again_after_big_batches() -> None:
+    core = Core(delay_s=0.2)
+
+    async def go() -> None:
+        b = Batcher("rank", core, BatchConfig(max_batch=8, max_queue_delay_us=50_000))
+        await asyncio.gather(*(b.submit(i) for i in range(8)))  # one batch of 8 in 200 ms
+        assert core.batches == [list(range(8))]
+        assert 0.02 <= b.request_s < 0.05  # ~25 ms per request, not the 200 ms of the batch
+        core.delay_s = 0.0
+        # a lone request with 150 ms left fits: a per-batch estimate (200 ms) would refuse it for good
+        assert (await b.submit(9, deadline=time.monotonic() + 0.15)).value == 18
         await b.close()
 
     run(go())

@@ -105,3 +105,26 @@ def test_errors_keep_their_kind_and_deadlines_are_enforced() -> None:
         run(Chain(Features(), Retrieval(Overloaded("retrieval: queue full")), Ranking()).recommend(1, 10, 5))
     with pytest.raises(DeadlineExceeded):
         run(Chain(Features(), Retrieval(), Ranking()).recommend(1, 10, 5, deadline=time.monotonic() - 1))
+
+
+def test_gateway_admission_bounds_calls_in_flight_and_refuses_what_the_deadline_cannot_cover() -> None:
+    from recpipe.gateway.admission import Admission
+
+    a = Admission(max_in_flight=3)
+    for _ in range(3):
+        a.admit(None)
+    with pytest.raises(Overloaded, match="3 requests in flight"):
+        a.admit(None)
+    for _ in range(3):
+        a.release(completed=True)
+    # a measured rate: 20 completions in the last second, 2 calls in flight -> ~100 ms to complete
+    for _ in range(17):
+        a.admit(None)
+        a.release(completed=True)
+    a.admit(None)
+    a.admit(None)
+    assert a.rate(time.monotonic()) == 20
+    with pytest.raises(Overloaded, match="more than the"):
+        a.admit(time.monotonic() + 0.05)
+    a.admit(time.monotonic() + 0.5)  # enough time left: admitted
+    assert a.in_flight == 3

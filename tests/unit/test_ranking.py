@@ -114,9 +114,12 @@ def test_cuda_scores_match_cpu(cores, small_models: Path) -> None:
     np.testing.assert_allclose(gpu.rank(user, items), ranking.rank(user, items), rtol=1e-3, atol=1e-4)
 
 
-def test_a_batch_of_requests_scores_as_each_alone(cores) -> None:
+@pytest.mark.parametrize("chunk_rows", [4096, 20])
+def test_a_batch_of_requests_scores_as_each_alone(cores, chunk_rows, monkeypatch) -> None:
+    from recpipe.ranking import core as ranking_core
     from recpipe.ranking.contract import RankQuery
 
+    monkeypatch.setattr(ranking_core, "CHUNK_ROWS", chunk_rows)  # 20: the batch runs as several forwards
     features, ranking = cores
     rng = np.random.default_rng(4)
     queries = []
