@@ -9,6 +9,7 @@ import torch
 
 from recpipe import device as devices
 from recpipe.errors import ArtifactMismatch, BadRequest
+from recpipe.finite import check_finite
 from recpipe.ranking.files import DLRM_CONFIG_FILE, DLRM_FILE
 from recpipe.ranking.model import DLRM, DLRMConfig
 from recpipe.ranking.predictor import Predictor
@@ -65,5 +66,6 @@ class RankingCore:
             raise BadRequest("item dense features must be finite floats")
         if sparse.dtype.kind not in "iu" or (sparse < 0).any() or (sparse >= self.item_table_sizes).any():
             raise BadRequest("item sparse features: ids out of range for their tables")
-        return self.predictor.score_candidates(user_dense, user_sparse, dense.astype(np.float32, copy=False),
-                                               sparse.astype(np.int64, copy=False))
+        scores = self.predictor.score_candidates(user_dense, user_sparse, dense.astype(np.float32, copy=False),
+                                                 sparse.astype(np.int64, copy=False))
+        return check_finite(scores, "rank")

@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from recpipe import device as devices
 from recpipe.config import MAX_NUM_CANDIDATES
 from recpipe.errors import ArtifactMismatch, BadRequest
+from recpipe.finite import check_unit_norm
 from recpipe.repository import Repository
 from recpipe.retrieval import index as faiss_index
 from recpipe.retrieval.files import (
@@ -156,6 +157,7 @@ class RetrievalCore:
                 raise BadRequest(f"{name} must be a non-negative integer, got {value!r}")
         dense, sparse = check_user_features(user, self.user_dense_dim, self.user_table_sizes)
         query = self.query_embeddings(dense[None, :], sparse[None, :])
+        check_unit_norm(torch.linalg.vector_norm(query.float(), dim=-1).cpu().numpy(), "retrieve")
         if self.exact is not None:
             scores, ids = self.exact.search(query, k)
             return Candidates(item_ids=ids[0].astype(np.int64), scores=scores[0].astype(np.float32))
