@@ -76,6 +76,11 @@ class GrpcFeatureClient:
         r = await self._ch.call(self._stub.AugmentItems, request, timeout)
         return StageResult(r, r.server_us)
 
+    @property
+    def channel(self) -> aio.Channel:
+        """The channel the chain calls the stage on (the gateway's readiness checks use it too)."""
+        return self._ch.channel
+
     async def close(self) -> None:
         await self._ch.close()
 
@@ -103,6 +108,11 @@ class GrpcRetrievalClient:
         ids = _decode(r.item_ids, "retrieval", "item_ids", "int64", (None,))
         return StageResult(ids, r.server_us, r.model_version)
 
+    @property
+    def channel(self) -> aio.Channel:
+        """The channel the chain calls the stage on (the gateway's readiness checks use it too)."""
+        return self._ch.channel
+
     async def close(self) -> None:
         await self._ch.close()
 
@@ -122,6 +132,11 @@ class GrpcRankingClient:
         k = items.dense.shape[0] if items.dense.shape else None
         scores = _decode(r.scores, "ranking", "scores", "float32", (k,))
         return StageResult(scores, r.server_us, r.model_version)
+
+    @property
+    def channel(self) -> aio.Channel:
+        """The channel the chain calls the stage on (the gateway's readiness checks use it too)."""
+        return self._ch.channel
 
     async def close(self) -> None:
         await self._ch.close()

@@ -9,10 +9,10 @@ from __future__ import annotations
 import abc
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from grpc import aio
 
@@ -21,6 +21,9 @@ from recpipe.serving import threads as thread_settings
 
 T = TypeVar("T")
 C = TypeVar("C")
+
+#: ``watch(report)`` runs for as long as the server does and calls ``report(serving)`` on every change.
+ReadinessWatch = Callable[[Callable[[bool], Awaitable[None]]], Coroutine[Any, Any, None]]
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,11 @@ class Stage(abc.ABC):
 
     async def close(self) -> None:
         """Release what ``load`` acquired (channels, executors) after the server stopped."""
+        return None
+
+    def readiness(self) -> ReadinessWatch | None:
+        """What decides the health status after ``load``: None (most stages) means SERVING from then
+        on; the gateway returns a watch over the stages it calls (``recpipe.gateway.readiness``)."""
         return None
 
 
