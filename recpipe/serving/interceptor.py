@@ -70,6 +70,8 @@ class ServingInterceptor(aio.ServerInterceptor):
             return grpc.unary_unary_rpc_method_handler(
                 self._refuse_malformed(name, behavior), request_deserializer=deserialize, response_serializer=serialize
             )
+        if not _is_async(handler.unary_stream or handler.stream_unary or handler.stream_stream):
+            return handler  # a synchronous streaming handler (none in recpipe's servers): left as it is
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(
                 self._refuse_malformed(name, handler.unary_stream),
@@ -80,8 +82,7 @@ class ServingInterceptor(aio.ServerInterceptor):
                 self._refuse_malformed_stream(name, handler.stream_unary),
                 request_deserializer=deserialize, response_serializer=serialize,
             )
-        if handler.stream_stream is None:
-            return handler
+        assert handler.stream_stream is not None  # the only kind left
         return grpc.stream_stream_rpc_method_handler(
             self._refuse_malformed_stream(name, handler.stream_stream),
             request_deserializer=deserialize, response_serializer=serialize,
@@ -106,8 +107,6 @@ class ServingInterceptor(aio.ServerInterceptor):
                     yield reply
 
             return stream
-        if inspect.isgeneratorfunction(behavior):
-            return behavior  # a synchronous streaming handler (none here): left as grpc runs it
         if not inspect.iscoroutinefunction(behavior):
             # A synchronous handler (the health service's List, which grpcio-health-checking leaves
             # unimplemented): run on the default executor, as grpc.aio itself does for a server
@@ -145,8 +144,6 @@ class ServingInterceptor(aio.ServerInterceptor):
                     yield reply
 
             return stream
-        if not inspect.iscoroutinefunction(behavior):
-            return behavior
 
         async def unary(requests: AsyncIterator[Any], context: aio.ServicerContext) -> Any:
             return await behavior(checked(requests, context), context)
@@ -181,3 +178,7 @@ class ServingInterceptor(aio.ServerInterceptor):
                 m.in_flight.dec()
 
         return handle
+
+
+def _is_async(behavior: Behavior | None) -> bool:
+    return inspect.iscoroutinefunction(behavior) or inspect.isasyncgenfunction(behavior)
