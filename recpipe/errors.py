@@ -37,6 +37,10 @@ class StageUnavailable(RecpipeError):
     """A downstream stage could not be reached (gRPC UNAVAILABLE); the message names the stage."""
 
 
+class Cancelled(RecpipeError):
+    """A downstream call was cancelled (gRPC CANCELLED): kept as such across hops, never INTERNAL."""
+
+
 class DeadlineExceeded(RecpipeError):
     """The caller's deadline passed before the work was done (gRPC DEADLINE_EXCEEDED)."""
 

@@ -2,10 +2,12 @@
 
 Finite but extreme inputs (dense features of 3e38, far outside anything seen in training) overflow
 float32 inside the models: the DLRM then scores NaN, and the user tower's L2 normalisation turns an
-infinite activation into a zero vector, which FAISS would happily search with. Either is answered
-INVALID_ARGUMENT ("the features are out of the model's range") rather than clamped: the repository does
-not record the training range of every dense input, and a clamped answer to such a request would be a
-confident-looking guess.
+infinite activation into a zero vector, which FAISS would happily search with. The retrieval core
+reports such a query's scores as NaN (``degenerate``); the Rank and Retrieve servicers refuse
+non-finite scores per request (``check_finite``), so a bad request in a batch fails alone, with
+INVALID_ARGUMENT "the features are out of the model's range". Inputs are not clamped instead: the
+repository does not record the training range of every dense input, and a clamped answer to such a
+request would be a confident-looking guess.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ def check_finite(values: np.ndarray, what: str) -> np.ndarray:
     return values
 
 
-def check_unit_norm(norms: np.ndarray, what: str) -> None:
-    """``norms`` of L2-normalised embeddings must be 1; an overflowed input gives 0 or NaN."""
-    if not (np.abs(norms - 1.0) <= UNIT_NORM_TOLERANCE).all():
-        raise BadRequest(f"{what}: {OUT_OF_RANGE} (the user tower's output overflowed float32)")
+def degenerate(norms: np.ndarray) -> np.ndarray:
+    """(B,) bool: which L2-normalised embeddings (given their norms) are not unit vectors, i.e. came
+    from an input that overflowed (a zero or NaN vector)."""
+    return ~(np.abs(norms - 1.0) <= UNIT_NORM_TOLERANCE)

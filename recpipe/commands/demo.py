@@ -70,9 +70,9 @@ def _serve_and_measure(args: argparse.Namespace, data: Path, models: Path) -> in
     import numpy as np
 
     from recpipe.client import RecommendClient, run_sequential
-    from recpipe.commands.serve import allocate_ports, supervised_stages
     from recpipe.config import DEFAULT_HOST
     from recpipe.gateway.latency import format_table
+    from recpipe.serving.launch import allocate_ports, supervised_stages
     from recpipe.serving.supervisor import Supervisor
 
     host = DEFAULT_HOST

@@ -3,11 +3,9 @@
 
 from __future__ import annotations
 
-import time
-
 from grpc import aio
 
-from recpipe.errors import StageUnavailable
+from recpipe.errors import Overloaded, StageUnavailable
 from recpipe.gateway.chain import Chain
 from recpipe.gateway.clients import GrpcFeatureClient, GrpcRankingClient, GrpcRetrievalClient
 from recpipe.gateway.readiness import ChainReadiness
@@ -21,8 +19,10 @@ class GatewayStage(Stage):
     name = "gateway"
     service_names = (SERVICE_NAME,)
 
-    def __init__(self, features: str, retrieval: str, ranking: str) -> None:
+    def __init__(self, features: str, retrieval: str, ranking: str, *, max_in_flight: int = 512) -> None:
         self.targets = {"features": features, "retrieval": retrieval, "ranking": ranking}
+        self.max_in_flight = max_in_flight
+        self.in_flight = 0
         self.chain: Chain | None = None
         self._clients: tuple[GrpcFeatureClient, GrpcRetrievalClient, GrpcRankingClient] | None = None
 
@@ -50,7 +50,7 @@ class GatewayStage(Stage):
 
     def info(self) -> StageInfo:
         version = self.chain.model_version if self.chain is not None else ""
-        return StageInfo(self.name, "cpu", version, 1, dict(self.targets))
+        return StageInfo(self.name, "cpu", version, 1, {**self.targets, "max_in_flight": str(self.max_in_flight)})
 
     async def close(self) -> None:
         if self._clients is not None:
@@ -60,18 +60,23 @@ class GatewayStage(Stage):
     async def Recommend(
         self, request: recommend_pb2.RecommendRequest, context: aio.ServicerContext
     ) -> recommend_pb2.RecommendResponse:
-        check_deadline(context, self.name)
+        deadline = check_deadline(context, self.name)
         if self.chain is None:
             raise StageUnavailable("gateway: still starting")
-        remaining = context.time_remaining()
-        deadline = None if remaining is None else time.monotonic() + remaining
-        rec = await self.chain.recommend(
-            int(request.user_id), int(request.num_candidates), int(request.num_results), deadline
-        )
+        if self.in_flight >= self.max_in_flight:
+            raise Overloaded(f"gateway: {self.in_flight} requests in flight (--max-in-flight {self.max_in_flight})")
+        self.in_flight += 1
+        try:
+            rec = await self.chain.recommend(
+                int(request.user_id), int(request.num_candidates), int(request.num_results), deadline
+            )
+        finally:
+            self.in_flight -= 1
         return recommend_pb2.RecommendResponse(
             item_ids=rec.item_ids.tolist(),
             scores=rec.scores.tolist(),
-            timings=[recommend_pb2.StageTiming(stage=t.stage, server_us=t.server_us, observed_us=t.observed_us)
+            timings=[recommend_pb2.StageTiming(stage=t.stage, server_us=t.server_us, observed_us=t.observed_us,
+                                               queue_us=t.queue_us, compute_us=t.compute_us, batch_size=t.batch_size)
                      for t in rec.timings],
             model_version=rec.model_version,
         )

@@ -120,7 +120,7 @@ class Session:
         queries = QueryStream(users, cfg.candidates, cfg.seed)
         if cfg.per_component:
             self.send = clients.component_send(chans["features"], chans["retrieval"], chans["ranking"],
-                                               queries, cfg.num_results, cfg.timeout)
+                                               queries, cfg.num_results, cfg.timeout, targets=targets)
         else:
             self.send = clients.gateway_send(chans["gateway"], queries, cfg.num_results, cfg.timeout)
 

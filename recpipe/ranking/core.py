@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from recpipe import device as devices
-from recpipe.errors import ArtifactMismatch, BadRequest
-from recpipe.finite import check_finite
+from recpipe.errors import ArtifactMismatch
+from recpipe.nn import load_state
+from recpipe.ranking.contract import RankingLimits, RankQuery
 from recpipe.ranking.files import DLRM_CONFIG_FILE, DLRM_FILE
 from recpipe.ranking.model import DLRM, DLRMConfig
 from recpipe.ranking.predictor import Predictor
 from recpipe.repository import Repository
-from recpipe.retrieval.core import check_user_features, load_state
 from recpipe.types import ItemFeatures, UserFeatures
 
 
@@ -50,22 +51,23 @@ class RankingCore:
     def load(cls, models_dir: Path, device: str = "auto") -> RankingCore:
         return cls(Repository.open(Path(models_dir)), devices.resolve(device))
 
+    @property
+    def limits(self) -> RankingLimits:
+        return RankingLimits(self.user_dense_dim, self.item_dense_dim, self.user_table_sizes, self.item_table_sizes)
+
     def rank(self, user: UserFeatures, items: ItemFeatures) -> np.ndarray:
-        user_dense, user_sparse = check_user_features(user, self.user_dense_dim, self.user_table_sizes)
-        dense = np.asarray(items.dense)
-        sparse = np.asarray(items.sparse)
-        if dense.ndim != 2 or dense.shape[1] != self.item_dense_dim:
-            raise BadRequest(f"item dense features: expected shape [k, {self.item_dense_dim}], got {list(dense.shape)}")
-        k = dense.shape[0]
-        if sparse.shape != (k, self.item_table_sizes.shape[0]):
-            raise BadRequest(f"item sparse features: expected shape [{k}, {self.item_table_sizes.shape[0]}], "
-                             f"got {list(sparse.shape)}")
-        if np.asarray(items.item_ids).shape != (k,):
-            raise BadRequest(f"item_ids: expected shape [{k}], got {list(np.asarray(items.item_ids).shape)}")
-        if dense.dtype.kind != "f" or not np.isfinite(dense).all():
-            raise BadRequest("item dense features must be finite floats")
-        if sparse.dtype.kind not in "iu" or (sparse < 0).any() or (sparse >= self.item_table_sizes).any():
-            raise BadRequest("item sparse features: ids out of range for their tables")
-        scores = self.predictor.score_candidates(user_dense, user_sparse, dense.astype(np.float32, copy=False),
-                                                 sparse.astype(np.int64, copy=False))
-        return check_finite(scores, "rank")
+        """(k,) click probabilities for the user's candidates (the arrays checked by ``RankQuery``)."""
+        return self.rank_batch([RankQuery.checked(user.dense, user.sparse, items.dense, items.sparse, self.limits)])[0]
+
+    def rank_batch(self, queries: Sequence[RankQuery]) -> list[np.ndarray]:
+        """One DLRM forward over every query's candidates (the user-side work still done once per
+        query), split back: each (k_i,) float32 equals what the query would get alone."""
+        counts = [q.k for q in queries]
+        scores = self.predictor.score_batch(
+            np.stack([q.user_dense for q in queries]),
+            np.stack([q.user_sparse for q in queries]),
+            np.concatenate([q.item_dense for q in queries]) if len(queries) > 1 else queries[0].item_dense,
+            np.concatenate([q.item_sparse for q in queries]) if len(queries) > 1 else queries[0].item_sparse,
+            counts,
+        )
+        return np.split(scores, np.cumsum(counts)[:-1])

@@ -7,6 +7,7 @@ the item embeddings on the GPU.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +17,12 @@ import torch
 from safetensors.torch import load_file
 
 from recpipe import device as devices
-from recpipe.config import MAX_NUM_CANDIDATES
-from recpipe.errors import ArtifactMismatch, BadRequest
-from recpipe.finite import check_unit_norm
+from recpipe.errors import ArtifactMismatch
+from recpipe.finite import degenerate
+from recpipe.nn import load_state
 from recpipe.repository import Repository
 from recpipe.retrieval import index as faiss_index
+from recpipe.retrieval.contract import RetrievalLimits, RetrieveQuery
 from recpipe.retrieval.files import (
     EMBEDDINGS_FILE,
     INDEX_FILE,
@@ -30,36 +32,6 @@ from recpipe.retrieval.files import (
 )
 from recpipe.retrieval.model import Tower, TwoTowerConfig
 from recpipe.types import Candidates, UserFeatures
-
-
-def load_state(path: Path, module: torch.nn.Module, prefix: str = "") -> None:
-    """Load ``prefix``-ed tensors of a safetensors file into ``module``; any mismatch names the file."""
-    try:
-        state = load_file(str(path))
-    except Exception as e:
-        raise ArtifactMismatch(f"{path}: unreadable safetensors ({e})") from None
-    if prefix:
-        state = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
-    try:
-        module.load_state_dict(state, strict=True)
-    except RuntimeError as e:
-        first = str(e).splitlines()[0:3]
-        raise ArtifactMismatch(f"{path}: weights do not match the model config ({' '.join(first)})") from None
-
-
-def check_user_features(user: UserFeatures, dense_dim: int, table_sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Validated (dense (Du,) float32, sparse (44,) int64) or ``BadRequest``."""
-    dense = np.asarray(user.dense)
-    sparse = np.asarray(user.sparse)
-    if dense.shape != (dense_dim,):
-        raise BadRequest(f"user dense features: expected shape [{dense_dim}], got {list(dense.shape)}")
-    if dense.dtype.kind != "f" or not np.isfinite(dense).all():
-        raise BadRequest("user dense features must be finite floats")
-    if sparse.shape != table_sizes.shape:
-        raise BadRequest(f"user sparse features: expected shape [{table_sizes.shape[0]}], got {list(sparse.shape)}")
-    if sparse.dtype.kind not in "iu" or (sparse < 0).any() or (sparse >= table_sizes).any():
-        raise BadRequest("user sparse features: ids out of range for their tables")
-    return dense.astype(np.float32, copy=False), sparse.astype(np.int64, copy=False)
 
 
 class RetrievalCore:
@@ -135,13 +107,9 @@ class RetrievalCore:
 
     # ---- requests ----------------------------------------------------------------------------------
 
-    def check_k(self, k: int) -> int:
-        if isinstance(k, bool) or not isinstance(k, int | np.integer):
-            raise BadRequest(f"k must be an integer, got {type(k).__name__}")
-        limit = min(self.num_items, MAX_NUM_CANDIDATES)
-        if not 1 <= int(k) <= limit:
-            raise BadRequest(f"k must be in 1..{limit}, got {int(k)}")
-        return int(k)
+    @property
+    def limits(self) -> RetrievalLimits:
+        return RetrievalLimits(self.user_dense_dim, self.user_table_sizes, self.num_items)
 
     def query_embeddings(self, dense: np.ndarray, sparse: np.ndarray) -> torch.Tensor:
         """(B, Du) + (B, 44) -> (B, D) query vectors on the core's device."""
@@ -151,25 +119,51 @@ class RetrievalCore:
             return self.tower(d, s)
 
     def retrieve(self, user: UserFeatures, k: int, nprobe: int = 0, ef_search: int = 0) -> Candidates:
-        k = self.check_k(k)
-        for name, value in (("nprobe", nprobe), ("ef_search", ef_search)):
-            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
-                raise BadRequest(f"{name} must be a non-negative integer, got {value!r}")
-        dense, sparse = check_user_features(user, self.user_dense_dim, self.user_table_sizes)
-        query = self.query_embeddings(dense[None, :], sparse[None, :])
-        check_unit_norm(torch.linalg.vector_norm(query.float(), dim=-1).cpu().numpy(), "retrieve")
-        if self.exact is not None:
-            scores, ids = self.exact.search(query, k)
-            return Candidates(item_ids=ids[0].astype(np.int64), scores=scores[0].astype(np.float32))
-        q = query.float().cpu().numpy()
+        """The k best items for ``user`` (the arguments checked by ``RetrieveQuery``)."""
+        query = RetrieveQuery.checked(user.dense, user.sparse, k, self.limits, nprobe, ef_search)
+        return self.retrieve_batch([query])[0]
+
+    def retrieve_batch(self, queries: Sequence[RetrieveQuery]) -> list[Candidates]:
+        """One user-tower forward for all queries, then one index search per distinct (k, nprobe,
+        ef_search) among them; each answer equals the one the query would get alone."""
+        dense = np.stack([q.dense for q in queries])
+        sparse = np.stack([q.sparse for q in queries])
+        emb = self.query_embeddings(dense, sparse)
+        # An input that overflowed the tower gives a zero/NaN query: its scores are reported as NaN, which
+        # the servicer answers as out of the model's range (recpipe.finite).
+        bad = degenerate(torch.linalg.vector_norm(emb.float(), dim=-1).cpu().numpy())
+        out: list[Candidates | None] = [None] * len(queries)
+        groups: dict[tuple[int, int, int], list[int]] = {}
+        for i, q in enumerate(queries):
+            groups.setdefault(q.search_key, []).append(i)
+        for (k, nprobe, ef_search), rows in groups.items():
+            sel = emb if len(rows) == len(queries) else emb[torch.as_tensor(rows, device=emb.device)]
+            if self.exact is not None:
+                scores, ids = self.exact.search(sel, k)
+            else:
+                scores, ids = self._search(sel.float().cpu().numpy(), k, nprobe, ef_search)
+            for j, i in enumerate(rows):
+                found = scores[j].astype(np.float32)
+                if bad[i]:
+                    found[:] = np.nan
+                out[i] = Candidates(item_ids=ids[j].astype(np.int64), scores=found)
+        return [c for c in out if c is not None]
+
+    def _search(self, q: np.ndarray, k: int, nprobe: int, ef_search: int) -> tuple[np.ndarray, np.ndarray]:
+        """FAISS top-k for the (B, D) queries; a row that comes back short is searched again alone,
+        wider, exactly as it would have been without the others."""
         spec = self.spec
-        probe = min(int(nprobe) or spec.nprobe, spec.max_nprobe) if spec.kind == "ivf" else 0
-        ef = min(int(ef_search) or spec.ef_search, spec.max_ef_search) if spec.kind == "hnsw" else 0
+        probe = min(nprobe or spec.nprobe, spec.max_nprobe) if spec.kind == "ivf" else 0
+        ef = min(ef_search or spec.ef_search, spec.max_ef_search) if spec.kind == "hnsw" else 0
+        faiss_index.set_search_params(self.index, spec, nprobe=probe, ef_search=ef, k=k)
+        scores, ids = self.index.search(q, k)
+        for row in np.flatnonzero(ids[:, -1] < 0):
+            scores[row], ids[row] = self._widen(q[row : row + 1], k, probe, ef)
+        return scores, ids
+
+    def _widen(self, q: np.ndarray, k: int, probe: int, ef: int) -> tuple[np.ndarray, np.ndarray]:
+        spec = self.spec
         while True:
-            faiss_index.set_search_params(self.index, spec, nprobe=probe, ef_search=ef, k=k)
-            scores, ids = self.index.search(q, k)
-            if ids[0, -1] >= 0:
-                break
             # Too few items in the probed lists / visited nodes for k results: widen the search.
             if spec.kind == "ivf" and probe < spec.nlist:
                 probe = min(spec.nlist, probe * 2)
@@ -177,8 +171,11 @@ class RetrievalCore:
                 ef = 2 * max(ef, k)
             else:
                 scores, ids = self._exact_fallback(q, k)
-                break
-        return Candidates(item_ids=ids[0].astype(np.int64), scores=scores[0].astype(np.float32))
+                return scores[0], ids[0]
+            faiss_index.set_search_params(self.index, spec, nprobe=probe, ef_search=ef, k=k)
+            scores, ids = self.index.search(q, k)
+            if ids[0, -1] >= 0:
+                return scores[0], ids[0]
 
     def _exact_fallback(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         if self._fallback is None:

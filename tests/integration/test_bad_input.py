@@ -206,3 +206,34 @@ def test_extreme_user_features_are_out_of_range_for_retrieval_and_ranking(servin
             assert "out of the model's range" in e.details()
         else:  # a saturated but finite answer is a legitimate one
             assert np.isfinite(codec.decode(reply.scores, "scores", "float32")).all()
+
+
+def test_an_extreme_query_fails_alone_in_a_batch(small_models):
+    """Batched core calls (the dynamic batcher): the out-of-range query's answer is non-finite and is
+    refused per request; the others in the same batch keep their finite answers."""
+    from recpipe.finite import check_finite
+    from recpipe.ranking.contract import RankQuery
+    from recpipe.ranking.core import RankingCore
+    from recpipe.retrieval.contract import RetrieveQuery
+    from recpipe.retrieval.core import RetrievalCore
+
+    retrieval = RetrievalCore.load(small_models, device="cpu")
+    ranking = RankingCore.load(small_models, device="cpu")
+    rng = np.random.default_rng(0)
+    dense = rng.normal(size=(3, retrieval.user_dense_dim)).astype(np.float32)
+    dense[1] = 3e38
+    sparse = np.zeros((3, len(retrieval.user_table_sizes)), dtype=np.int64)
+    found = retrieval.retrieve_batch([RetrieveQuery.checked(d, s, 10, retrieval.limits) for d, s in zip(dense, sparse, strict=True)])
+    assert [bool(np.isfinite(c.scores).all()) for c in found] == [True, False, True]
+    with pytest.raises(Exception, match="out of the model's range"):
+        check_finite(found[1].scores, "retrieve")
+
+    k = 6
+    item_dense = rng.normal(size=(3, k, ranking.item_dense_dim)).astype(np.float32)
+    item_dense[2] = 3e38
+    item_sparse = np.zeros((k, len(ranking.item_table_sizes)), dtype=np.int64)
+    user_dense = rng.normal(size=ranking.user_dense_dim).astype(np.float32)
+    user_sparse = np.zeros(len(ranking.user_table_sizes), dtype=np.int64)
+    scores = ranking.rank_batch([RankQuery.checked(user_dense, user_sparse, d, item_sparse, ranking.limits)
+                                 for d in item_dense])
+    assert [bool(np.isfinite(s).all()) for s in scores] == [True, True, False]
