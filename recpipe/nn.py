@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from recpipe.errors import ArtifactMismatch
@@ -63,3 +63,8 @@ def load_state(path: Path, module: nn.Module, prefix: str = "") -> None:
     except RuntimeError as e:
         first = str(e).splitlines()[0:3]
         raise ArtifactMismatch(f"{path}: weights do not match the model config ({' '.join(first)})") from None
+
+
+def save_state(path: Path, module: nn.Module) -> None:
+    """Write ``module``'s tensors as float32 safetensors (whatever precision or device it trained in)."""
+    save_file({k: v.detach().float().contiguous().cpu() for k, v in module.state_dict().items()}, str(path))

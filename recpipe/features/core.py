@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ import polars as pl
 from recpipe import schema
 from recpipe.errors import ArtifactMismatch
 from recpipe.features import history as hist
+from recpipe.features.artifacts import CONFIG_FILE, FeatureConfig, load_config, load_preprocessor
 from recpipe.features.contract import FeatureLimits, ItemsQuery, UserQuery
 from recpipe.preprocess import Preprocessor
 from recpipe.types import ItemFeatures, UserFeatures
@@ -35,39 +35,11 @@ USER_CATEGORY_COLUMN = "u_cat_11"  # preferred leaf category
 USER_CLUSTER_COLUMN = "u_cat_23"  # fine interest cluster
 ITEM_CATEGORY_COLUMN = "i_cat_00"  # leaf category
 ITEM_TOP_CATEGORY_COLUMN = "i_cat_01"  # top-level category
-CONFIG_FILE = "features/config.json"
-PREPROCESS_FILES = {
-    "stats": "preprocess/stats.json",
-    "users": "preprocess/vocab_users.parquet",
-    "items": "preprocess/vocab_items.parquet",
-}
-
-
-@dataclass(frozen=True)
-class FeatureConfig:
-    """``num_*``: id ranges of the raw columns keying the cross tables (0 = take them from the data)."""
-
-    history_len: int = 20
-    num_categories: int = 0
-    num_top_categories: int = 0
-
-    def __post_init__(self) -> None:
-        if self.history_len < 0:
-            raise ValueError("history_len must be >= 0")
-
 
 def _check_ids(frame: pl.DataFrame, column: str, path: str) -> None:
     ids = frame[column].to_numpy()
     if not np.array_equal(ids, np.arange(ids.shape[0])):
         raise ArtifactMismatch(f"{path}: {column} must be 0..n-1 in row order")
-
-
-def load_preprocessor(repo: Any) -> Preprocessor:
-    """The fitted preprocessing from an opened ``Repository`` (verified files)."""
-    return Preprocessor.load(
-        repo.file(PREPROCESS_FILES["stats"]),
-        {"users": repo.file(PREPROCESS_FILES["users"]), "items": repo.file(PREPROCESS_FILES["items"])},
-    )
 
 
 def read_tables(data_dir: Path) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
@@ -163,12 +135,7 @@ class FeatureCore:
         repo.check_dataset(Path(data_dir))
         verify_dataset(Path(data_dir), [schema.TABLE_FILES[t.name] for t in schema.TABLES])
         preprocessor = load_preprocessor(repo)
-        raw = repo.json(CONFIG_FILE)
-        try:
-            config = FeatureConfig(int(raw["history_len"]), int(raw["num_categories"]),
-                                   int(raw["num_top_categories"]))
-        except (KeyError, TypeError, ValueError) as e:
-            raise ArtifactMismatch(f"{repo.root / CONFIG_FILE}: malformed ({e!r})") from None
+        config = load_config(repo)
         users, items, interactions = read_tables(Path(data_dir))
         train, _ = split_by_time(interactions)
         core = cls(preprocessor, users, items, train, config, repo.version)

@@ -10,10 +10,8 @@ import torch
 
 from recpipe import device as devices
 from recpipe.errors import ArtifactMismatch
-from recpipe.nn import load_state
+from recpipe.ranking import artifacts
 from recpipe.ranking.contract import RankingLimits, RankQuery
-from recpipe.ranking.files import DLRM_CONFIG_FILE, DLRM_FILE
-from recpipe.ranking.model import DLRM, DLRMConfig
 from recpipe.ranking.predictor import Predictor
 from recpipe.repository import Repository
 from recpipe.types import ItemFeatures, UserFeatures
@@ -24,19 +22,18 @@ class RankingCore:
 
     def __init__(self, repo: Repository, dev: torch.device) -> None:
         shapes = repo.section("shapes")
-        cfg = DLRMConfig.from_json(repo.json(DLRM_CONFIG_FILE), str(repo.root / DLRM_CONFIG_FILE))
+        cfg = artifacts.load_config(repo)
         self.user_dense_dim = int(shapes.get("user_dense_dim", -1))
         self.item_dense_dim = int(shapes.get("item_dense_dim", -1))
         n_user_tables = int(shapes.get("user_sparse_dim", -1))
         if (cfg.user_dense_dim, cfg.item_dense_dim) != (self.user_dense_dim, self.item_dense_dim) or n_user_tables < 0 or \
                 cfg.num_tables != n_user_tables + int(shapes.get("item_sparse_dim", -1)):
             raise ArtifactMismatch(
-                f"{repo.root / DLRM_CONFIG_FILE}: DLRM expects {cfg.dense_dim} dense / {cfg.num_tables} sparse inputs, "
+                f"{repo.root / artifacts.DLRM_CONFIG_FILE}: DLRM expects {cfg.dense_dim} dense / {cfg.num_tables} sparse inputs, "
                 f"manifest shapes give {self.user_dense_dim}+{self.item_dense_dim} / "
                 f"{shapes.get('user_sparse_dim')}+{shapes.get('item_sparse_dim')}"
             )
-        model = DLRM(cfg)
-        load_state(repo.file(DLRM_FILE), model)
+        model = artifacts.load_model(repo, cfg)
         self.model_version = repo.version
         self.torch_device = dev
         self.device = devices.describe(dev)

@@ -14,23 +14,14 @@ from typing import Any
 import faiss
 import numpy as np
 import torch
-from safetensors.torch import load_file
 
 from recpipe import device as devices
 from recpipe.errors import ArtifactMismatch
 from recpipe.finite import degenerate
-from recpipe.nn import load_state
 from recpipe.repository import Repository
+from recpipe.retrieval import artifacts
 from recpipe.retrieval import index as faiss_index
 from recpipe.retrieval.contract import RetrievalLimits, RetrieveQuery
-from recpipe.retrieval.files import (
-    EMBEDDINGS_FILE,
-    INDEX_FILE,
-    INDEX_SPEC_FILE,
-    TWO_TOWER_CONFIG_FILE,
-    TWO_TOWER_FILE,
-)
-from recpipe.retrieval.model import Tower, TwoTowerConfig
 from recpipe.types import Candidates, UserFeatures
 
 
@@ -39,13 +30,13 @@ class RetrievalCore:
 
     def __init__(self, repo: Repository, dev: torch.device) -> None:
         shapes = repo.section("shapes")
-        cfg = TwoTowerConfig.from_json(repo.json(TWO_TOWER_CONFIG_FILE), str(repo.root / TWO_TOWER_CONFIG_FILE))
-        spec = faiss_index.IndexSpec.from_json(repo.json(INDEX_SPEC_FILE), str(repo.root / INDEX_SPEC_FILE))
+        cfg = artifacts.load_config(repo)
+        spec = artifacts.load_spec(repo)
         if cfg.user_dense_dim != int(shapes.get("user_dense_dim", -1)):
-            raise ArtifactMismatch(f"{repo.root / TWO_TOWER_CONFIG_FILE}: user_dense_dim {cfg.user_dense_dim} "
+            raise ArtifactMismatch(f"{repo.root / artifacts.TWO_TOWER_CONFIG_FILE}: user_dense_dim {cfg.user_dense_dim} "
                                    f"!= manifest shapes.user_dense_dim {shapes.get('user_dense_dim')}")
         if spec.num_items != int(shapes.get("num_items", -1)) or spec.dim != cfg.out_dim:
-            raise ArtifactMismatch(f"{repo.root / INDEX_SPEC_FILE}: index is {spec.num_items} x {spec.dim}, models "
+            raise ArtifactMismatch(f"{repo.root / artifacts.INDEX_SPEC_FILE}: index is {spec.num_items} x {spec.dim}, models "
                                    f"expect {shapes.get('num_items')} x {cfg.out_dim}")
         self.repo = repo
         self.model_version = repo.version
@@ -56,16 +47,14 @@ class RetrievalCore:
         self.user_dense_dim = cfg.user_dense_dim
         self.history_len = int(shapes.get("history_len", 0))
         self.user_table_sizes = np.asarray(cfg.user_table_sizes, dtype=np.int64)
-        self.tower = Tower(cfg.user_dense_dim, cfg.user_table_sizes, cfg.embedding_dim, cfg.hidden_dims, cfg.out_dim)
-        load_state(repo.file(TWO_TOWER_FILE), self.tower, "user_tower.")
-        self.tower = self.tower.to(dev).eval()
+        self.tower = artifacts.load_user_tower(repo, cfg).to(dev).eval()
         self.index: Any = None
         self.exact: faiss_index.TorchExactSearch | None = None
         backend = "faiss-cpu"
         if dev.type == "cuda":
             gpu_faiss = hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
             if gpu_faiss and spec.kind in ("flat", "ivf"):
-                cpu_index = faiss_index.load(repo.file(INDEX_FILE), spec)
+                cpu_index = artifacts.load_index(repo, spec)
                 self._gpu_res = faiss.StandardGpuResources()
                 self.index = faiss.index_cpu_to_gpu(self._gpu_res, dev.index or 0, cpu_index)
                 backend = "faiss-gpu"
@@ -73,7 +62,7 @@ class RetrievalCore:
                 self.exact = faiss_index.TorchExactSearch(self.item_embeddings(), dev)
                 backend = "torch-exact"
         else:
-            self.index = faiss_index.load(repo.file(INDEX_FILE), spec)
+            self.index = artifacts.load_index(repo, spec)
         self.backend = backend
         self.details: dict[str, str] = {
             "index_type": spec.kind if self.exact is None else "flat (torch exact)",
@@ -95,15 +84,7 @@ class RetrievalCore:
 
     def item_embeddings(self) -> np.ndarray:
         """(num_items, D) float32 item embeddings from the repository (verified), read on demand."""
-        path = self.repo.file(EMBEDDINGS_FILE)
-        try:
-            emb = load_file(str(path))["embeddings"].numpy()
-        except Exception as e:
-            raise ArtifactMismatch(f"{path}: unreadable item embeddings ({e})") from None
-        if emb.shape != (self.spec.num_items, self.spec.dim):
-            raise ArtifactMismatch(f"{path}: embeddings are {list(emb.shape)}, index.json says "
-                                   f"[{self.spec.num_items}, {self.spec.dim}]")
-        return emb
+        return artifacts.load_embeddings(self.repo, self.spec)
 
     # ---- requests ----------------------------------------------------------------------------------
 
