@@ -5,7 +5,8 @@
 TARGET defaults to ``$RECPIPE_HEALTH_TARGET``, else the gateway's default address. Container
 healthchecks (docker-compose.yml) run this inside each stage's container: the image has no
 grpc_health_probe binary, and the Python client is already installed. A stage reports SERVING only
-after its state is loaded, so "healthy" means "ready for traffic", not merely "process up".
+after its state is loaded, so "healthy" means "ready for traffic", not merely "process up"; the
+gateway reports SERVING only while every stage it calls does (``recpipe.gateway.readiness``).
 """
 
 from __future__ import annotations

@@ -1,15 +1,17 @@
 """Start the gRPC services (gateway, features, retrieval, ranking).
 
 With --stage all (the default) every stage runs as its own process under a supervisor that waits until
-all report SERVING, prints their addresses, restarts a stage that dies, and on SIGINT/SIGTERM drains
-and stops them all. Ports: gateway --port (default 50051), then features, retrieval, ranking on the
-next three (50052-50054); --port 0 picks free ports. Metrics: http://HOST:(gRPC port + 1000)/metrics
-unless --metrics-port says otherwise (-1 turns them off).
+all report SERVING, prints their addresses, restarts a stage that dies or stops answering its health
+checks (--unresponsive-timeout), and on SIGINT/SIGTERM drains and stops them all. Ports: gateway --port
+(default 50051), then features, retrieval, ranking on the next three (50052-50054); --port 0 picks free
+ports. Metrics: http://HOST:(gRPC port + 1000)/metrics unless --metrics-port says otherwise (-1 turns
+them off).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -51,9 +53,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                "RESOURCE_EXHAUSTED (default %(default)s)")
     parser.add_argument("--grace", type=float, default=5.0, help="seconds to drain in-flight requests on stop")
     parser.add_argument("--startup-timeout", type=float, default=600.0, help="--stage all: seconds to wait for SERVING")
+    parser.add_argument("--unresponsive-timeout", type=_seconds, default=None, metavar="SECONDS",
+                        help="--stage all: restart a stage whose health has not answered for this long "
+                             "(default 5; 0 = never)")
     for stage in ("features", "retrieval", "ranking"):
         parser.add_argument(f"--{stage}", dest=f"target_{stage}", default=None, metavar="TARGET",
                             help=f"--stage gateway: {stage} target, host:port or dns:///host:port")
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text!r}")
+    return value
 
 
 def stage_config(args: argparse.Namespace, stage: str, port: int, metrics_port: int | None,
@@ -94,6 +109,9 @@ def run(args: argparse.Namespace) -> int:
 def _run_one(args: argparse.Namespace) -> int:
     import asyncio
 
+    if args.unresponsive_timeout is not None:
+        raise UsageError("--unresponsive-timeout only applies to --stage all (the supervisor)")
+
     from recpipe import stages
     from recpipe.serving import launch, runner
     from recpipe.serving.config import default_targets
@@ -114,7 +132,7 @@ def _run_all(args: argparse.Namespace) -> int:
     import threading
 
     from recpipe.serving import launch
-    from recpipe.serving.supervisor import Supervisor
+    from recpipe.serving.supervisor import DEFAULT_UNRESPONSIVE_S, Supervisor
 
     for s in ("features", "retrieval", "ranking"):
         if getattr(args, f"target_{s}"):
@@ -129,7 +147,9 @@ def _run_all(args: argparse.Namespace) -> int:
         threads=args.threads, workers=args.workers, grace=args.grace, log_level=args.log_level,
         extra=batch_flags(args),
     )
-    supervisor = Supervisor(stages, startup_timeout_s=args.startup_timeout, grace_s=args.grace)
+    unresponsive = DEFAULT_UNRESPONSIVE_S if args.unresponsive_timeout is None else args.unresponsive_timeout
+    supervisor = Supervisor(stages, startup_timeout_s=args.startup_timeout, grace_s=args.grace,
+                            unresponsive_s=unresponsive)
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

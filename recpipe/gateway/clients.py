@@ -76,6 +76,11 @@ class GrpcFeatureClient:
         r = await self._ch.call(self._stub.AugmentItems, request, timeout)
         return _result(r, r)
 
+    @property
+    def channel(self) -> aio.Channel:
+        """The channel the chain calls the stage on (the gateway's readiness checks use it too)."""
+        return self._ch.channel
+
     async def close(self) -> None:
         await self._ch.close()
 
@@ -91,6 +96,11 @@ class GrpcRetrievalClient:
         request = retrieval_pb2.RetrieveRequest(user_dense=user.dense, user_sparse=user.sparse, k=k)
         r = await self._ch.call(self._stub.Retrieve, request, timeout)
         return _result(_decode(r.item_ids, "retrieval", "item_ids", "int64", (None,)), r, r.model_version)
+
+    @property
+    def channel(self) -> aio.Channel:
+        """The channel the chain calls the stage on (the gateway's readiness checks use it too)."""
+        return self._ch.channel
 
     async def close(self) -> None:
         await self._ch.close()
@@ -110,6 +120,11 @@ class GrpcRankingClient:
         r = await self._ch.call(self._stub.Rank, request, timeout)
         k = items.dense.shape[0] if items.dense.shape else None
         return _result(_decode(r.scores, "ranking", "scores", "float32", (k,)), r, r.model_version)
+
+    @property
+    def channel(self) -> aio.Channel:
+        """The channel the chain calls the stage on (the gateway's readiness checks use it too)."""
+        return self._ch.channel
 
     async def close(self) -> None:
         await self._ch.close()

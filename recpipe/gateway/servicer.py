@@ -9,7 +9,8 @@ from recpipe.errors import StageUnavailable
 from recpipe.gateway.admission import Admission
 from recpipe.gateway.chain import Chain
 from recpipe.gateway.clients import GrpcFeatureClient, GrpcRankingClient, GrpcRetrievalClient
-from recpipe.serving.stage import Stage, StageInfo, check_deadline
+from recpipe.gateway.readiness import ChainReadiness
+from recpipe.serving.stage import ReadinessWatch, Stage, StageInfo, check_deadline
 from recpipe.v1 import recommend_pb2, recommend_pb2_grpc
 
 SERVICE_NAME = recommend_pb2.DESCRIPTOR.services_by_name["RecommendService"].full_name
@@ -38,6 +39,14 @@ class GatewayStage(Stage):
         )
         self._clients = clients
         self.chain = Chain(*clients)
+
+    def readiness(self) -> ReadinessWatch | None:
+        """The gateway is SERVING only while every stage it calls is (``recpipe.gateway.readiness``)."""
+        if self._clients is None:
+            return None
+        features, retrieval, ranking = self._clients
+        return ChainReadiness({"features": features.channel, "retrieval": retrieval.channel,
+                               "ranking": ranking.channel}).run
 
     def info(self) -> StageInfo:
         version = self.chain.model_version if self.chain is not None else ""

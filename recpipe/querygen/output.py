@@ -10,6 +10,7 @@ from typing import Any
 
 from recpipe.config import STAGES
 from recpipe.errors import UsageError
+from recpipe.filemodes import file_mode
 
 FORMAT = "recpipe.querygen.run"
 SUPPORTED_VERSIONS = (1,)
@@ -30,6 +31,7 @@ def write_atomic(path: str | Path, data: bytes, force: bool) -> Path:
     p = check_writable(path, force)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     try:
+        os.fchmod(fd, file_mode())  # mkstemp's 0600 -> what any other tool would write
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

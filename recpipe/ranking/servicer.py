@@ -15,6 +15,7 @@ import numpy as np
 from grpc import aio
 
 from recpipe import codec, schema
+from recpipe.finite import check_finite
 from recpipe.ranking.contract import RankingLimits, RankQuery
 from recpipe.serving.batcher import BatchConfig, Batcher
 from recpipe.serving.stage import CoreStage, StageInfo, check_deadline, elapsed_us
@@ -71,7 +72,7 @@ class RankingStage(CoreStage[RankingCoreLike]):
         )
         done = await self._rank.submit(query, deadline)
         return ranking_pb2.RankResponse(
-            scores=codec.encode(done.value), server_us=elapsed_us(start), model_version=core.model_version,
+            scores=codec.encode(check_finite(done.value, "rank")), server_us=elapsed_us(start), model_version=core.model_version,
             queue_us=done.queue_us, compute_us=done.compute_us, batch_size=done.batch_size,
         )
 

@@ -17,6 +17,7 @@ import torch
 
 from recpipe import device as devices
 from recpipe.errors import ArtifactMismatch
+from recpipe.finite import degenerate
 from recpipe.repository import Repository
 from recpipe.retrieval import artifacts
 from recpipe.retrieval import index as faiss_index
@@ -109,6 +110,9 @@ class RetrievalCore:
         dense = np.stack([q.dense for q in queries])
         sparse = np.stack([q.sparse for q in queries])
         emb = self.query_embeddings(dense, sparse)
+        # An input that overflowed the tower gives a zero/NaN query: its scores are reported as NaN, which
+        # the servicer answers as out of the model's range (recpipe.finite).
+        bad = degenerate(torch.linalg.vector_norm(emb.float(), dim=-1).cpu().numpy())
         out: list[Candidates | None] = [None] * len(queries)
         groups: dict[tuple[int, int, int], list[int]] = {}
         for i, q in enumerate(queries):
@@ -120,7 +124,10 @@ class RetrievalCore:
             else:
                 scores, ids = self._search(sel.float().cpu().numpy(), k, nprobe, ef_search)
             for j, i in enumerate(rows):
-                out[i] = Candidates(item_ids=ids[j].astype(np.int64), scores=scores[j].astype(np.float32))
+                found = scores[j].astype(np.float32)
+                if bad[i]:
+                    found[:] = np.nan
+                out[i] = Candidates(item_ids=ids[j].astype(np.int64), scores=found)
         return [c for c in out if c is not None]
 
     def _search(self, q: np.ndarray, k: int, nprobe: int, ef_search: int) -> tuple[np.ndarray, np.ndarray]:

@@ -15,6 +15,7 @@ from typing import Protocol
 from grpc import aio
 
 from recpipe import codec, schema
+from recpipe.finite import check_finite
 from recpipe.retrieval.contract import RetrievalLimits, RetrieveQuery
 from recpipe.serving.batcher import BatchConfig, Batcher
 from recpipe.serving.stage import CoreStage, StageInfo, check_deadline, elapsed_us
@@ -71,7 +72,7 @@ class RetrievalStage(CoreStage[RetrievalCoreLike]):
         done = await self._retrieve.submit(query, deadline)
         return retrieval_pb2.RetrieveResponse(
             item_ids=codec.encode(done.value.item_ids),
-            scores=codec.encode(done.value.scores),
+            scores=codec.encode(check_finite(done.value.scores, "retrieve")),
             server_us=elapsed_us(start),
             model_version=core.model_version,
             queue_us=done.queue_us,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -24,6 +24,9 @@ T = TypeVar("T")
 C = TypeVar("C")
 Q = TypeVar("Q")
 R = TypeVar("R")
+
+#: ``watch(report)`` runs for as long as the server does and calls ``report(serving)`` on every change.
+ReadinessWatch = Callable[[Callable[[bool], Awaitable[None]]], Coroutine[Any, Any, None]]
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,11 @@ class Stage(abc.ABC):
 
     async def close(self) -> None:
         """Release what ``load`` acquired (channels, executors) after the server stopped."""
+        return None
+
+    def readiness(self) -> ReadinessWatch | None:
+        """What decides the health status after ``load``: None (most stages) means SERVING from then
+        on; the gateway returns a watch over the stages it calls (``recpipe.gateway.readiness``)."""
         return None
 
 

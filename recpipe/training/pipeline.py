@@ -1,8 +1,9 @@
 """``recpipe train`` end to end: split, preprocessing, both models, the index, metrics, the repository.
 
 Everything is written into a temporary directory next to ``out`` and renamed into place at the end,
-so an interrupted run never leaves a half repository (and an existing one is replaced only with
-``force``).
+so an interrupted run never leaves a half repository. An existing repository is replaced only with
+``force``, and a directory holding anything else never (``recpipe.repository.check_replaceable``); the
+placeholder README of a checkout's ``models/`` is kept, and what is written follows the umask.
 """
 
 from __future__ import annotations
@@ -30,10 +31,14 @@ from recpipe.errors import UsageError
 from recpipe.features import artifacts as feature_artifacts
 from recpipe.features.artifacts import FeatureConfig
 from recpipe.features.core import FeatureCore, read_tables
+from recpipe.filemodes import follow_umask
 from recpipe.preprocess import PreprocessConfig, Preprocessor
 from recpipe.ranking import artifacts as ranking_artifacts
 from recpipe.repository import (
+    PLACEHOLDER_README,
+    check_replaceable,
     dataset_sha256,
+    is_placeholder,
     write_manifest,
 )
 from recpipe.retrieval import artifacts as retrieval_artifacts
@@ -48,10 +53,7 @@ RECALL_K = 500
 
 
 def _prepare_out(out: Path, force: bool) -> None:
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} exists and is not a directory")
-    if out.exists() and any(out.iterdir()) and not force:
-        raise UsageError(f"--out {out} already holds files; pass --force to replace them")
+    check_replaceable(out, force)
     parent = out.parent if str(out.parent) else Path(".")
     parent.mkdir(parents=True, exist_ok=True)
     if not os.access(parent, os.W_OK):
@@ -60,6 +62,12 @@ def _prepare_out(out: Path, force: bool) -> None:
 
 def _swap_into_place(tmp: Path, out: Path) -> None:
     old: Path | None = None
+    if out.exists():
+        check_replaceable(out, force=True)  # again: nothing foreign may have appeared while training
+        readme = out / PLACEHOLDER_README
+        if is_placeholder(readme):
+            shutil.copy2(readme, tmp / PLACEHOLDER_README)  # kept (a tracked file in a checkout)
+    follow_umask(tmp)  # mkdtemp made it 0700 and safetensors writes 0600
     if out.exists():
         old = out.with_name(f".{out.name}.old-{os.getpid()}")
         os.replace(out, old)
