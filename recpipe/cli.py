@@ -43,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, module_name in COMMANDS.items():
         module = importlib.import_module(f"recpipe.commands.{module_name}")
-        doc = (module.__doc__ or "").strip()
+        # Module docstrings are reStructuredText for readers of the code; --help shows plain text.
+        doc = (module.__doc__ or "").strip().replace("``", "")
         p = sub.add_parser(name, help=doc.splitlines()[0] if doc else None, description=doc)
         module.add_arguments(p)
         p.set_defaults(_module=module)

@@ -10,12 +10,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from recpipe.config import DEFAULT_NUM_CANDIDATES, DEFAULT_NUM_RESULTS
+from recpipe.config import DEFAULT_NUM_CANDIDATES, DEFAULT_NUM_RESULTS, normalize_target
 from recpipe.errors import UsageError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", metavar="HOST:PORT", help="the gateway (RecommendService)")
+    parser.add_argument("--target", metavar="HOST:PORT", help="the gateway (RecommendService); :PORT means "
+                        "127.0.0.1:PORT, here and in --features/--retrieval/--ranking")
     # Not `choices=`: an unknown mode gets the same one-line message as every other bad value.
     parser.add_argument("--mode", default="sequential", help="sequential | open | closed (default sequential)")
     parser.add_argument("--rate", type=float, help="open loop: target queries/s (Poisson arrivals)")
@@ -63,13 +64,16 @@ def build_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     else:
         candidates = fixed_candidates(DEFAULT_NUM_CANDIDATES if args.num_candidates is None
                                       else args.num_candidates)
+    def target(value: str | None) -> str | None:
+        return normalize_target(value) if value else value
+
     return QuerygenConfig(
-        target=args.target, mode=args.mode, candidates=candidates, rate=args.rate,
+        target=target(args.target), mode=args.mode, candidates=candidates, rate=args.rate,
         concurrency=args.concurrency, duration=args.duration, queries=args.queries, warmup=args.warmup,
         users=args.users, zipf_exponent=args.zipf_exponent, num_users=args.num_users,
         num_results=args.num_results, slo_p99_ms=args.slo_p99_ms, seed=args.seed, timeout=args.timeout,
-        per_component=args.per_component, features=args.features, retrieval=args.retrieval,
-        ranking=args.ranking)
+        per_component=args.per_component, features=target(args.features), retrieval=target(args.retrieval),
+        ranking=target(args.ranking))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -16,7 +16,7 @@ import grpc
 import grpc.aio
 
 from recpipe import codec
-from recpipe.config import STAGES, TOTAL_STAGE
+from recpipe.config import STAGES, TOTAL_STAGE, normalize_target
 from recpipe.errors import BadRequest, UsageError
 from recpipe.gateway.chain import top_n
 from recpipe.querygen.loops import Outcome, Send
@@ -43,10 +43,13 @@ _CHANNEL_OPTIONS = [
 async def connect(target: str, timeout: float = 4.0) -> grpc.aio.Channel:
     """An insecure channel to ``target`` that is READY, or UsageError within ``timeout`` seconds.
 
-    A refused connection fails at once (TRANSIENT_FAILURE) rather than retrying until the timeout.
+    ``:PORT`` means 127.0.0.1:PORT. A refused connection fails at once (TRANSIENT_FAILURE) rather than
+    retrying until the timeout; the message says how long it actually waited and why it gave up.
     """
+    target = normalize_target(target or "")
     if not target or ":" not in target:
-        raise UsageError(f"target must be HOST:PORT, got {target!r}")
+        raise UsageError(f"target must be HOST:PORT (or :PORT for 127.0.0.1), got {target!r}")
+    t0 = time.perf_counter()
     channel = grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
 
     async def ready() -> bool:
@@ -58,13 +61,17 @@ async def connect(target: str, timeout: float = 4.0) -> grpc.aio.Channel:
                 return False
             await channel.wait_for_state_change(state)
 
+    timed_out = False
     try:
         ok = await asyncio.wait_for(ready(), timeout)
     except TimeoutError:
-        ok = False
+        ok, timed_out = False, True
     if not ok:
+        waited = time.perf_counter() - t0
         await channel.close(None)
-        raise UsageError(f"cannot reach {target} within {timeout:g} s (is the server running?)")
+        why = (f"no answer within {waited:.2f} s (the limit)" if timed_out
+               else f"connection failed after {waited:.2f} s (limit {timeout:g} s)")
+        raise UsageError(f"cannot reach {target}: {why}; is the server running?")
     return channel
 
 
@@ -95,7 +102,9 @@ def gateway_send(channel: grpc.aio.Channel, queries: QueryStream, num_results: i
                                    timeout=timeout)
         except grpc.aio.AioRpcError as e:
             return e.code().name, ()
-        return "OK", [(t.stage, t.server_us, t.observed_us) for t in resp.timings]
+        # queue/compute/batch_size: getattr with 0, so a gateway built before they existed still works.
+        return "OK", [(t.stage, t.server_us, t.observed_us, getattr(t, "queue_us", 0),
+                       getattr(t, "compute_us", 0), getattr(t, "batch_size", 0)) for t in resp.timings]
 
     return send
 

@@ -69,8 +69,12 @@ def summarise(m: Measurement) -> dict[str, Any]:
     stages = {}
     for stage in STAGES:
         h = m.stages[stage]
-        stages[stage] = {**h.observed.summary(), "server": h.server.summary()}
+        stages[stage] = {**h.observed.summary(), "server": h.server.summary(), "queue": h.queue.summary(),
+                         "compute": h.compute.summary(), "batch_size": h.batch_summary()}
     total = m.stages[TOTAL_STAGE]
+    lag = m.send_lag.summary()
+    lag["late_over_1ms"] = m.late_sends
+    lag["late_share"] = round(m.late_sends / lag["count"], 6) if lag["count"] else 0.0
     return {
         "queries": m.queries,
         "ok": m.ok,
@@ -80,7 +84,7 @@ def summarise(m: Measurement) -> dict[str, Any]:
         "end_to_end": {**m.end_to_end.summary(), "cdf": m.end_to_end.cdf()},
         "pipeline_total": {**total.observed.summary(), "server": total.server.summary()},
         "stages": stages,
-        "send_lag": m.send_lag.summary(),
+        "send_lag": lag,
     }
 
 

@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 #: A stage that dies sooner than this after starting counts as a failed start (backoff grows).
 STABLE_AFTER_S = 10.0
 MAX_BACKOFF_S = 30.0
+#: the file descriptor a stage's stdout is sent to (this process's stderr)
+STDERR_FD = 2
 
 
 @dataclass(frozen=True)
@@ -200,7 +202,10 @@ class Supervisor:
         env = {**os.environ, SUPERVISOR_ENV: str(os.getpid())}
         # Its own session: a terminal's Ctrl-C reaches only the supervisor, which stops the stages in
         # order instead of racing them to their own shutdown.
-        child.proc = subprocess.Popen(list(child.spec.argv), env=env, start_new_session=True)
+        # Its stdout goes to our stderr: what a stage prints (its recpipe-stage-ready handshake, logs)
+        # is diagnostics, and our stdout is for the summaries a user may redirect or parse.
+        child.proc = subprocess.Popen(list(child.spec.argv), env=env, start_new_session=True,
+                                      stdout=STDERR_FD)
         child.started_at = time.monotonic()
         child.serving = False
 
