@@ -166,8 +166,10 @@ class Session:
         """One run of the configured mode (at ``rate`` for open loop)."""
         cfg = self.config
         assert self.send is not None, "open() first"
-        progress = Progress(self.stream, label)
         planned = cfg.measured_duration
+        total_queries = cfg.queries if cfg.mode != "open" else None
+        progress = Progress(self.stream, label, total_s=(planned or 0) + cfg.warmup if not total_queries else None,
+                            total_queries=total_queries)
         if cfg.mode == "open":
             assert rate is not None and planned is not None
             arrivals = open_schedule(rate, cfg.warmup, planned, cfg.seed)
@@ -212,13 +214,22 @@ async def execute(config: QuerygenConfig, stream: TextIO | None = None) -> dict[
                                min_rate=MIN_STEP_QUERIES / step_s if step_s else 0.5)
             best: dict[float, tuple[Measurement, float]] = {}
 
+            tell = Progress(session.stream)
+
             async def step(rate: float) -> SloStep:
-                m, rec, planned = await session.measure(rate, f"{rate:.1f} q/s")
+                k = len(best) + 1
+                m, rec, planned = await session.measure(
+                    rate, f"SLO step {k} of at most {search.max_steps}, {rate:.1f} q/s")
                 achieved = achieved_rate(m, rec.measure_from, planned)
                 best[rate] = (m, achieved)
-                return SloStep(rate, round(achieved, 3), m.end_to_end.percentile_us(50),
-                               m.end_to_end.percentile_us(99), m.end_to_end.percentile_us(99.9),
-                               m.queries, m.error_count)
+                s = SloStep(rate, round(achieved, 3), m.end_to_end.percentile_us(50),
+                            m.end_to_end.percentile_us(99), m.end_to_end.percentile_us(99.9),
+                            m.queries, m.error_count)
+                ok = s.meets(search.slo_p99_us, search.max_error_fraction, search.min_rate_fraction)
+                tell.say(f"SLO step {k} of at most {search.max_steps}: {rate:.1f} q/s offered, "
+                         f"{achieved:.1f} achieved, p99 {s.p99_us / 1000:.2f} ms -> "
+                         f"{'meets' if ok else 'misses'} p99 <= {config.slo_p99_ms:g} ms")
+                return s
 
             result = await find_max_rate(search, step)
             slo_json = result.to_json(search, step_s)
