@@ -35,6 +35,11 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(f"{self.prog}: {message}")
 
+    def format_help(self) -> str:
+        # Help texts come from docstrings written in reStructuredText for readers of the code; a
+        # terminal shows ``name`` literally, so --help drops the double backticks.
+        return super().format_help().replace("``", "")
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="recpipe", description="A recommender latency pipeline service.")
@@ -43,8 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, module_name in COMMANDS.items():
         module = importlib.import_module(f"recpipe.commands.{module_name}")
-        # Module docstrings are reStructuredText for readers of the code; --help shows plain text.
-        doc = (module.__doc__ or "").strip().replace("``", "")
+        doc = (module.__doc__ or "").strip()
         p = sub.add_parser(name, help=doc.splitlines()[0] if doc else None, description=doc)
         module.add_arguments(p)
         p.set_defaults(_module=module)
