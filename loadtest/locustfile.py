@@ -33,6 +33,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -220,13 +221,15 @@ class RecommendUser(GrpcUser):
 
         def exists(user_id: int) -> bool:
             request = recommend_pb2.RecommendRequest(user_id=user_id, num_candidates=1, num_results=1)
+            t0 = time.perf_counter()
             try:
                 self.raw_stub.Recommend(request, timeout=self.deadline_s)
             except grpc.RpcError as e:
                 if e.code() == grpc.StatusCode.NOT_FOUND:
                     return False
                 raise WorkloadError(
-                    f"could not ask {self.target} for its users ({e.code().name}: {e.details()}); "
+                    f"could not ask {self.target} for its users ({e.code().name} after "
+                    f"{time.perf_counter() - t0:.2f} s: {e.details()}); "
                     "is the gateway up? (or pass --num-user-ids / --data-dir)"
                 ) from e
             return True

@@ -107,7 +107,9 @@ def _serve_and_measure(args: argparse.Namespace, data: Path, models: Path) -> in
         print(f"recpipe demo: warning: {w}", file=sys.stderr)
     print(output.summary_text(doc))
     print(f"\nwrote {run_json} and {len(drawn)} charts in {charts}/ ({', '.join(p.name for p in drawn)})")
-    print(next_steps(args.workdir, run_json))
+    same = "".join(f" --{flag} {value}" for flag, value in (("num-candidates", args.num_candidates),
+                                                             ("num-results", args.num_results)) if value)
+    print(next_steps(args.workdir, run_json, same))
     sys.stdout.flush()
     return 0 if doc["ok"] else 1
 
@@ -116,13 +118,14 @@ def _serve_and_measure(args: argparse.Namespace, data: Path, models: Path) -> in
 WARMUP_S = 1.0
 
 
-def next_steps(workdir: Path, run_json: Path) -> str:
-    """The commands to try after the demo, with this demo's paths filled in."""
+def next_steps(workdir: Path, run_json: Path, same: str = "") -> str:
+    """The commands to try after the demo, with this demo's paths filled in; ``same`` holds the demo's
+    query-mix flags, so the suggested run is comparable with it in ``recpipe report``."""
     w = workdir
     return "\n".join([
         "next, try:",
         f"  recpipe serve --models {w}/models --data {w}/data &       # the same stages, kept running",
-        "  recpipe querygen --target 127.0.0.1:50051 --queries 2000 --warmup 5 --out seq.json --plot seq/",
+        f"  recpipe querygen --target 127.0.0.1:50051 --queries 2000 --warmup 5{same} --out seq.json --plot seq/",
         f"  recpipe report {run_json} seq.json --labels demo,seq --out report/   # side by side",
         "  recpipe querygen --target 127.0.0.1:50051 --mode open --rate 10 --slo-p99-ms 50 --duration 20 "
         "--out slo.json --plot slo/",

@@ -145,7 +145,8 @@ def run_table(doc: Mapping[str, Any]) -> str:
                      f"{len(stab['windows'])} windows (ms: {values}); the table merges the last "
                      f"{stab['merged_windows']}")
     lines += notes
-    lines += textwrap.wrap("legend: " + LEGEND, width=100, subsequent_indent="  ")
+    lines += textwrap.wrap("legend: " + LEGEND, width=100, subsequent_indent="  ",
+                           break_on_hyphens=False)
     return "\n".join(lines)
 
 
