@@ -11,6 +11,7 @@ Errors come back as recpipe's domain errors: ``UnknownUser`` (NOT_FOUND), ``BadR
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from types import TracebackType
@@ -26,6 +27,8 @@ from recpipe.serving.status import error_for
 from recpipe.v1 import info_pb2, info_pb2_grpc, recommend_pb2, recommend_pb2_grpc
 
 DEFAULT_TARGET = f"{DEFAULT_HOST}:{DEFAULT_PORTS['gateway']}"
+#: the batcher's split of server time, passed on where the gateway-side StageTiming has these fields
+_SPLIT = tuple(f.name for f in dataclasses.fields(StageTiming) if f.name in ("queue_us", "compute_us", "batch_size"))
 
 
 class RecommendClient:
@@ -52,7 +55,8 @@ class RecommendClient:
         return Recommendation(
             item_ids=np.array(reply.item_ids, dtype=np.int64),
             scores=np.array(reply.scores, dtype=np.float32),
-            timings=tuple(StageTiming(t.stage, t.server_us, t.observed_us) for t in reply.timings),
+            timings=tuple(StageTiming(t.stage, t.server_us, t.observed_us, **{f: getattr(t, f, 0) for f in _SPLIT})
+                          for t in reply.timings),
             model_version=reply.model_version,
         )
 
