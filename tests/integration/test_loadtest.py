@@ -19,6 +19,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from locust_stats import final_stats
 
 from recpipe.config import STAGES, TOTAL_STAGE
 from recpipe.v1 import recommend_pb2, recommend_pb2_grpc
@@ -101,14 +102,16 @@ def run_locust(
     # only the settings this test names: none inherited from the shell running pytest
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("RECPIPE_", "LOCUST_"))}
     full_env.update(env or {})
-    return subprocess.run(cmd, cwd=out, env=full_env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(cmd, cwd=out, env=full_env, capture_output=True, text=True, timeout=120)
+    (out / "stderr.txt").write_text(proc.stderr)
+    return proc
 
 
 def read_stats(out: Path) -> dict[str, dict[str, str]]:
-    """Rows of locust's ``_stats.csv`` by name. Locust rewrites that file about once a second while
-    running and not again at exit, so it trails the printed summary: runs here last 3 s or more."""
-    with open(out / "run_stats.csv", newline="") as f:
-        return {row["Name"]: row for row in csv.DictReader(f)}
+    """The final rows by name, with the CSV's column names, from the summary printed at exit, not from
+    ``_stats.csv``: locust rewrites that about once a second while running and not at exit, so on a busy
+    machine it trails the run (see locust_stats.py). Times are whole units, as printed."""
+    return final_stats((out / "stderr.txt").read_text())
 
 
 def user_counts(out: Path) -> list[int]:

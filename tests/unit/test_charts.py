@@ -99,6 +99,13 @@ def test_slo_curve_ticks_the_slo_and_names_every_line(slo: dict[str, Any]) -> No
     assert len(legend) == len(ax.get_legend().legend_handles)
 
 
+def test_an_slo_off_the_1_2_5_ladder_is_ticked_too(slo: dict[str, Any]) -> None:
+    doc = {**slo, "slo": {**slo["slo"], "slo_p99_ms": 35.0}}
+    (ax,) = plots.slo_curve_figure([("", doc)]).axes
+    ticks = _ticks(ax, "y")
+    assert "35" in ticks and "50" in ticks and "20" in ticks
+
+
 def test_stage_bars_label_end_to_end_at_its_line(seq: dict[str, Any], slo: dict[str, Any]) -> None:
     fig = plots.stage_bars_figure([("a", seq), ("b", slo)])
     _titled(fig, "a: sequential", "b: open")
