@@ -38,6 +38,11 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(f"{self.prog}: {message}")
 
+    def format_help(self) -> str:
+        # Help texts come from docstrings written in reStructuredText for readers of the code; a
+        # terminal shows ``name`` literally, so --help drops the double backticks.
+        return super().format_help().replace("``", "")
+
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM arrived. Raised in the main thread so that it unwinds like Ctrl-C: the commands' cleanup

@@ -38,15 +38,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check(target: str, service: str = "", timeout: float = 3.0) -> tuple[bool, str]:
     """(serving?, a one-line description) for ``service`` on the server at ``target``."""
+    import time
+
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+    from recpipe.config import normalize_target
+
+    target = normalize_target(target)
+    t0 = time.monotonic()
     with grpc.insecure_channel(target) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             answer = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
         except grpc.RpcError as e:
-            return False, f"{target}: {e.code().name}: {e.details()}"
+            return False, (f"{target}: {e.code().name} after {time.monotonic() - t0:.2f} s "
+                           f"(timeout {timeout:g} s): {e.details()}")
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)
     return answer.status == health_pb2.HealthCheckResponse.SERVING, f"{target}: {status}"
 

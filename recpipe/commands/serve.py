@@ -22,6 +22,7 @@ from recpipe.errors import UsageError
 if TYPE_CHECKING:
     from recpipe.serving.batcher import BatchConfig
     from recpipe.serving.config import StageConfig
+    from recpipe.serving.supervisor import StageProcess, Supervisor
 
 STAGES = ("all", "gateway", "features", "retrieval", "ranking")
 
@@ -156,12 +157,32 @@ def _run_all(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     supervisor.start(stop)
     print(f"recpipe serving ({len(stages)} stages; Ctrl-C stops):")
-    for spec in stages:
-        m = f"  metrics http://{args.host}:{spec.metrics_port}/metrics" if spec.metrics_port is not None else ""
-        print(f"  {spec.name:<10} {spec.address}  pid {supervisor.pid(spec.name)}{m}")
+    print(summary(supervisor, stages, args.host))
     sys.stdout.flush()
     supervisor.run(stop)
     print("recpipe: all stages stopped", flush=True)
     return 0
+
+
+def summary(supervisor: Supervisor, stages: list[StageProcess], host: str) -> str:
+    """The machine line and one row per stage (address, pid, device and threads from its GetInfo)."""
+    from recpipe.client import RecommendClient
+    from recpipe.errors import RecpipeError
+    from recpipe.querygen.platform_info import detect
+    from recpipe.querygen.table import serve_table
+
+    rows = []
+    for spec in stages:
+        row: dict[str, object] = {"name": spec.name, "address": spec.address, "pid": supervisor.pid(spec.name),
+                                  "metrics": (f"http://{host}:{spec.metrics_port}/metrics"
+                                              if spec.metrics_port is not None else None)}
+        try:
+            with RecommendClient(spec.address, timeout=5.0) as client:
+                info = client.info()
+            row.update(device=info.device, threads=info.threads)
+        except RecpipeError:
+            pass
+        rows.append(row)
+    return serve_table(rows, detect())
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from recpipe.config import normalize_target
 from recpipe.errors import RecpipeError, UsageError
 from recpipe.gateway.chain import Chain
 from recpipe.gateway.clients import GrpcFeatureClient, GrpcRankingClient, GrpcRetrievalClient
@@ -28,10 +29,13 @@ from recpipe.v1 import info_pb2, info_pb2_grpc, recommend_pb2, recommend_pb2_grp
 async def connect(target: str, timeout: float = 4.0) -> grpc.aio.Channel:
     """An insecure channel to ``target`` that is READY, or UsageError within ``timeout`` seconds.
 
-    A refused connection fails at once (TRANSIENT_FAILURE) rather than retrying until the timeout.
+    ``:PORT`` means 127.0.0.1:PORT. A refused connection fails at once (TRANSIENT_FAILURE) rather than
+    retrying until the timeout; the message says how long it actually waited and why it gave up.
     """
+    target = normalize_target(target or "")
     if not target or ":" not in target:
-        raise UsageError(f"target must be HOST:PORT, got {target!r}")
+        raise UsageError(f"target must be HOST:PORT (or :PORT for 127.0.0.1), got {target!r}")
+    t0 = time.perf_counter()
     channel = make_channel(target)
 
     async def ready() -> bool:
@@ -43,13 +47,17 @@ async def connect(target: str, timeout: float = 4.0) -> grpc.aio.Channel:
                 return False
             await channel.wait_for_state_change(state)
 
+    timed_out = False
     try:
         ok = await asyncio.wait_for(ready(), timeout)
     except TimeoutError:
-        ok = False
+        ok, timed_out = False, True
     if not ok:
+        waited = time.perf_counter() - t0
         await channel.close(None)
-        raise UsageError(f"cannot reach {target} within {timeout:g} s (is the server running?)")
+        why = (f"no answer within {waited:.2f} s (the limit)" if timed_out
+               else f"connection failed after {waited:.2f} s (limit {timeout:g} s)")
+        raise UsageError(f"cannot reach {target}: {why}; is the server running?")
     return channel
 
 
@@ -80,7 +88,9 @@ def gateway_send(channel: grpc.aio.Channel, queries: QueryStream, num_results: i
                                    timeout=timeout)
         except grpc.aio.AioRpcError as e:
             return e.code().name, ()
-        return "OK", [(t.stage, t.server_us, t.observed_us) for t in resp.timings]
+        # queue/compute/batch_size: getattr with 0, so a gateway built before they existed still works.
+        return "OK", [(t.stage, t.server_us, t.observed_us, getattr(t, "queue_us", 0),
+                       getattr(t, "compute_us", 0), getattr(t, "batch_size", 0)) for t in resp.timings]
 
     return send
 

@@ -40,6 +40,8 @@ MAX_BACKOFF_S = 30.0
 DEFAULT_UNRESPONSIVE_S = 5.0
 #: Deadline of one health check.
 PROBE_TIMEOUT_S = 1.0
+#: the file descriptor a stage's stdout is sent to (this process's stderr)
+STDERR_FD = 2
 
 
 @dataclass(frozen=True)
@@ -211,7 +213,10 @@ class Supervisor:
         env = {**os.environ, SUPERVISOR_ENV: str(os.getpid())}
         # Its own session: a terminal's Ctrl-C reaches only the supervisor, which stops the stages in
         # order instead of racing them to their own shutdown.
-        child.proc = subprocess.Popen(list(child.spec.argv), env=env, start_new_session=True)
+        # Its stdout goes to our stderr: what a stage prints (its recpipe-stage-ready handshake, logs)
+        # is diagnostics, and our stdout is for the summaries a user may redirect or parse.
+        child.proc = subprocess.Popen(list(child.spec.argv), env=env, start_new_session=True,
+                                      stdout=STDERR_FD)
         child.started_at = time.monotonic()
         child.serving = False
         child.answered_at = None

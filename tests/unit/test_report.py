@@ -62,7 +62,7 @@ def test_speedups_per_stage_and_end_to_end() -> None:
     assert "slower end to end" in slower
     assert _ratios(slower)["rank"] == pytest.approx(1 / _expected("rank"), rel=0.03)
     md = compare.markdown([("A", a), ("B", b)])
-    assert "| **end to end** |" in md and "| gpu | none | H100 |" in md
+    assert "| **end to end** (client) |" in md and "| gpu | none | H100 |" in md
     assert sum(line.startswith("- B is") for line in md.splitlines()) == 2
 
 
