@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from recpipe.config import normalize_target
+
 #: Environment variable naming the gateway when locust's ``--host`` is not given.
 TARGET_ENV = "RECPIPE_TARGET"
 _SCHEMES_KEPT = ("dns:", "ipv4:", "ipv6:", "unix:", "unix-abstract:", "vsock:")
@@ -26,7 +28,7 @@ class WorkloadError(ValueError):
 def parse_target(host: str | None, env: dict[str, str] | None = None) -> str:
     """The gRPC target for ``--host`` (or ``$RECPIPE_TARGET`` when ``--host`` is empty).
 
-    ``grpc://h:p`` and ``h:p`` both become ``h:p``; gRPC target URIs (``dns:///h:p``,
+    ``grpc://h:p`` and ``h:p`` both become ``h:p``, ``:p`` becomes ``127.0.0.1:p``; gRPC target URIs (``dns:///h:p``,
     ``ipv4:a:p,b:p``, ``unix:path``) pass through unchanged so a load test can spread over replicas.
     """
     env = os.environ if env is None else env
@@ -39,7 +41,7 @@ def parse_target(host: str | None, env: dict[str, str] | None = None) -> str:
         raw = raw[len("grpc://"):]
     elif "://" in raw:
         raise WorkloadError(f"target {raw!r}: only grpc:// (or a bare HOST:PORT) is understood")
-    raw = raw.rstrip("/")
+    raw = normalize_target(raw.rstrip("/"))  # ":PORT" is 127.0.0.1:PORT, as everywhere in recpipe
     host_part, sep, port = raw.rpartition(":")
     if not sep or not host_part or not port.isdigit() or not 0 < int(port) < 65536:
         raise WorkloadError(f"target {raw!r} is not HOST:PORT")

@@ -8,10 +8,13 @@ Each subcommand lives in ``recpipe/commands/<name>.py`` and exposes ``add_argume
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 
 from recpipe import __version__
 from recpipe.errors import RecpipeError, UsageError
@@ -34,6 +37,34 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(f"{self.prog}: {message}")
+
+    def format_help(self) -> str:
+        # Help texts come from docstrings written in reStructuredText for readers of the code; a
+        # terminal shows ``name`` literally, so --help drops the double backticks.
+        return super().format_help().replace("``", "")
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived. Raised in the main thread so that it unwinds like Ctrl-C: the commands' cleanup
+    (synth-data's and train's temporary directories) runs on the way out. Exit code 143 (128 + 15)."""
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """While a command runs, SIGTERM raises ``Terminated`` instead of killing the process outright.
+    Commands that handle SIGTERM themselves (``serve``) install their own handler over this one."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum: int, frame: object) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,13 +90,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.print_help()
             return 2
         logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-        return int(args._module.run(args))
+        with _sigterm_unwinds():
+            return int(args._module.run(args))
     except UsageError as e:
         print(f"recpipe: error: {e}", file=sys.stderr)
         return 2
     except RecpipeError as e:
         print(f"recpipe: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
+    except Terminated:
+        print("recpipe: terminated", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("recpipe: interrupted", file=sys.stderr)
         return 130

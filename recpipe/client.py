@@ -11,6 +11,7 @@ Errors come back as recpipe's domain errors: ``UnknownUser`` (NOT_FOUND), ``BadR
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from types import TracebackType
@@ -18,7 +19,7 @@ from types import TracebackType
 import grpc
 import numpy as np
 
-from recpipe.config import DEFAULT_HOST, DEFAULT_PORTS
+from recpipe.config import DEFAULT_HOST, DEFAULT_PORTS, normalize_target
 from recpipe.gateway.chain import Recommendation, StageTiming
 from recpipe.serving.channels import make_blocking_channel
 from recpipe.serving.stage import StageInfo
@@ -26,13 +27,15 @@ from recpipe.serving.status import error_for
 from recpipe.v1 import info_pb2, info_pb2_grpc, recommend_pb2, recommend_pb2_grpc
 
 DEFAULT_TARGET = f"{DEFAULT_HOST}:{DEFAULT_PORTS['gateway']}"
+#: the batcher's split of server time, passed on where the gateway-side StageTiming has these fields
+_SPLIT = tuple(f.name for f in dataclasses.fields(StageTiming) if f.name in ("queue_us", "compute_us", "batch_size"))
 
 
 class RecommendClient:
     """A blocking client over one channel; ``timeout`` (seconds) is the default per-call deadline."""
 
     def __init__(self, target: str = DEFAULT_TARGET, timeout: float | None = 10.0) -> None:
-        self.target = target
+        self.target = normalize_target(target)
         self.timeout = timeout
         self._channel = make_blocking_channel(target)
         self._stub = recommend_pb2_grpc.RecommendServiceStub(self._channel)
@@ -44,30 +47,34 @@ class RecommendClient:
         request = recommend_pb2.RecommendRequest(
             user_id=user_id, num_candidates=num_candidates, num_results=num_results
         )
+        t0 = time.perf_counter()
         try:
             reply = self._stub.Recommend(request, timeout=timeout or self.timeout)
         except grpc.RpcError as e:
-            raise self._error(e) from None
+            raise self._error(e, time.perf_counter() - t0) from None
         return Recommendation(
             item_ids=np.array(reply.item_ids, dtype=np.int64),
             scores=np.array(reply.scores, dtype=np.float32),
-            timings=tuple(StageTiming(t.stage, t.server_us, t.observed_us) for t in reply.timings),
+            timings=tuple(StageTiming(t.stage, t.server_us, t.observed_us, **{f: getattr(t, f, 0) for f in _SPLIT})
+                          for t in reply.timings),
             model_version=reply.model_version,
         )
 
     def info(self, timeout: float | None = None) -> StageInfo:
         """What the server at ``target`` says about itself (any recpipe server answers this)."""
+        t0 = time.perf_counter()
         try:
             i = self._info.GetInfo(info_pb2.GetInfoRequest(), timeout=timeout or self.timeout)
         except grpc.RpcError as e:
-            raise self._error(e) from None
+            raise self._error(e, time.perf_counter() - t0) from None
         return StageInfo(i.stage, i.device, i.model_version, i.threads, dict(i.details))
 
-    def _error(self, e: grpc.RpcError) -> Exception:
+    def _error(self, e: grpc.RpcError, waited_s: float) -> Exception:
         code = e.code()  # type: ignore[attr-defined]
         details = e.details() or code.name  # type: ignore[attr-defined]
         if code == grpc.StatusCode.UNAVAILABLE and "unavailable at" not in details:
-            return error_for(code, f"gateway unavailable at {self.target}: {details}")
+            return error_for(code, f"cannot reach the gateway at {self.target} (gave up after {waited_s:.2f} s): "
+                                   f"{details}")
         return error_for(code, details)
 
     def close(self) -> None:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from recpipe.errors import BadRequest
+from recpipe.errors import BadRequest, clip
 from recpipe.v1 import tensor_pb2
 
 _ALLOWED = {"float32", "float16", "float64", "int64", "int32", "int8", "uint8", "bool"}
@@ -45,23 +45,30 @@ def decode(
     Returns a read-only view over the message bytes (no copy). ``field`` names the tensor in errors.
     """
     if tensor.dtype != dtype:
-        raise BadRequest(f"{field}: expected dtype {dtype}, got {tensor.dtype or '(empty)'}")
+        raise BadRequest(f"{field}: expected dtype {dtype}, got {clip(tensor.dtype) or '(empty)'}")
     dims = tuple(tensor.shape)
     count = 1
     for d in dims:
         if d < 0:
-            raise BadRequest(f"{field}: negative dimension in shape {list(dims)}")
+            raise BadRequest(f"{field}: negative dimension in shape {_shape(dims)}")
         count *= d
     if shape is not None and (
         len(dims) != len(shape) or any(w is not None and w != d for w, d in zip(shape, dims, strict=True))
     ):
         want = "[" + ", ".join("*" if w is None else str(w) for w in shape) + "]"
-        raise BadRequest(f"{field}: expected shape {want}, got {list(dims)}")
+        raise BadRequest(f"{field}: expected shape {want}, got {_shape(dims)}")
     dt = _LITTLE_ENDIAN.get(dtype) or np.dtype(dtype).newbyteorder("<")
     expected = count * dt.itemsize
     if len(tensor.data) != expected:
         raise BadRequest(
-            f"{field}: {len(tensor.data)} bytes do not match shape {list(dims)} of {dtype} ({expected} bytes)"
+            f"{field}: {len(tensor.data)} bytes do not match shape {_shape(dims)} of {dtype} ({expected} bytes)"
         )
     arr = np.frombuffer(tensor.data, dtype=dt).reshape(dims)
     return arr if dt.isnative else arr.astype(dt.newbyteorder("="))
+
+
+def _shape(dims: Sequence[int]) -> str:
+    """A client's shape for an error message, bounded like every echoed value (it may have 500,000 dims)."""
+    if len(dims) <= 16:
+        return clip(list(dims))
+    return f"[{', '.join(str(d) for d in dims[:8])}, ...] ({len(dims)} dims)"

@@ -21,6 +21,17 @@ DEFAULT_PORTS: Final[dict[str, int]] = {
     "ranking": 50054,
 }
 
+
+def normalize_target(target: str) -> str:
+    """A gRPC target as the user typed it, made explicit: a host-less ``:PORT`` means
+    ``127.0.0.1:PORT`` (everything here listens on loopback by default); anything else is unchanged
+    (``host:port``, ``[::1]:port``, ``dns:///name:port``, ``unix:path``)."""
+    t = target.strip()
+    if t.startswith(":") and t[1:].isdigit():
+        return f"{DEFAULT_HOST}{t}"
+    return t
+
+
 DEFAULT_NUM_CANDIDATES: Final[int] = 500
 DEFAULT_NUM_RESULTS: Final[int] = 10
 MAX_NUM_CANDIDATES: Final[int] = 10_000

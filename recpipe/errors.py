@@ -37,5 +37,26 @@ class StageUnavailable(RecpipeError):
     """A downstream stage could not be reached (gRPC UNAVAILABLE); the message names the stage."""
 
 
+class Cancelled(RecpipeError):
+    """A downstream call was cancelled (gRPC CANCELLED): kept as such across hops, never INTERNAL."""
+
+
 class DeadlineExceeded(RecpipeError):
     """The caller's deadline passed before the work was done (gRPC DEADLINE_EXCEEDED)."""
+
+
+#: Client input quoted in an error message is cut to this many characters.
+ECHO_LIMIT = 200
+
+
+def clip(value: object, limit: int = ECHO_LIMIT) -> str:
+    """``value`` as text of at most ``limit`` characters, then "... (N chars)" when it was longer.
+
+    Every message that quotes what a client sent goes through this: an unbounded echo (a 200,000-character
+    dtype) would push the gRPC status past the 16 KiB metadata limit and turn INVALID_ARGUMENT into
+    RESOURCE_EXHAUSTED on the client's side.
+    """
+    text = str(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} chars)"

@@ -5,7 +5,8 @@
 TARGET defaults to ``$RECPIPE_HEALTH_TARGET``, else the gateway's default address. Container
 healthchecks (docker-compose.yml) run this inside each stage's container: the image has no
 grpc_health_probe binary, and the Python client is already installed. A stage reports SERVING only
-after its state is loaded, so "healthy" means "ready for traffic", not merely "process up".
+after its state is loaded, so "healthy" means "ready for traffic", not merely "process up"; the
+gateway reports SERVING only while every stage it calls does (``recpipe.gateway.readiness``).
 """
 
 from __future__ import annotations
@@ -37,15 +38,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check(target: str, service: str = "", timeout: float = 3.0) -> tuple[bool, str]:
     """(serving?, a one-line description) for ``service`` on the server at ``target``."""
+    import time
+
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+    from recpipe.config import normalize_target
+
+    target = normalize_target(target)
+    t0 = time.monotonic()
     with grpc.insecure_channel(target) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             answer = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
         except grpc.RpcError as e:
-            return False, f"{target}: {e.code().name}: {e.details()}"
+            return False, (f"{target}: {e.code().name} after {time.monotonic() - t0:.2f} s "
+                           f"(timeout {timeout:g} s): {e.details()}")
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)
     return answer.status == health_pb2.HealthCheckResponse.SERVING, f"{target}: {status}"
 

@@ -13,16 +13,20 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from recpipe.datagen.manifest import dataset_sha256, sha256_file
 from recpipe.datagen.manifest import load_manifest as read_data_manifest
-from recpipe.errors import ArtifactMismatch
+from recpipe.errors import ArtifactMismatch, UsageError, clip
 
 MANIFEST = "manifest.json"
 DATA_MANIFEST = "manifest.json"
 REPOSITORY_FORMAT = 1
+#: The placeholder README tracked in git as ``models/README.md``: recognised by its text, kept by train.
+PLACEHOLDER_README = "README.md"
+_PLACEHOLDER_TEXT = "written by `recpipe train`"
+_PLACEHOLDER_MAX_BYTES = 4096
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -60,6 +64,77 @@ def write_manifest(root: Path, content: dict[str, Any]) -> dict[str, Any]:
     manifest = {**content, "format": REPOSITORY_FORMAT, "files": files, "version": version}
     write_json(root / MANIFEST, manifest)
     return manifest
+
+
+def is_placeholder(path: Path) -> bool:
+    """Whether ``path`` is recpipe's own placeholder README (a small README.md that says what the
+    directory is for), which ``recpipe train`` keeps rather than counting it as someone else's file."""
+    path = Path(path)
+    try:
+        if path.name != PLACEHOLDER_README or path.is_symlink() or not path.is_file() or \
+                path.stat().st_size > _PLACEHOLDER_MAX_BYTES:
+            return False
+        return _PLACEHOLDER_TEXT in path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def foreign_entries(root: Path) -> list[str]:
+    """What under ``root`` is not part of a recpipe model repository, as sorted relative paths.
+
+    Ours are ``manifest.json`` (when it is a repository manifest), the files it lists and the
+    directories holding them, and the placeholder README at the top. Anything else, including a
+    symlink or an empty directory, belongs to someone else: ``train --force`` must not delete it.
+    """
+    root = Path(root)
+    files: set[str] = set()
+    manifest_path = root / MANIFEST
+    if manifest_path.is_file() and not manifest_path.is_symlink():
+        try:
+            manifest = read_json(manifest_path)
+        except ArtifactMismatch:
+            manifest = {}
+        listed = manifest.get("files")
+        if manifest.get("format") == REPOSITORY_FORMAT and isinstance(listed, dict):
+            files = {str(name) for name in listed} | {MANIFEST}
+    dirs = {str(parent) for name in files for parent in PurePosixPath(name).parents if str(parent) != "."}
+    foreign = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        rel_dir = here.relative_to(root)
+        for name in (*dirnames, *filenames):
+            rel = (rel_dir / name).as_posix()
+            path = here / name
+            if path.is_symlink():
+                foreign.append(rel)
+            elif path.is_dir():
+                if rel not in dirs:
+                    foreign.append(rel)
+            elif rel not in files and not (rel == PLACEHOLDER_README and is_placeholder(path)):
+                foreign.append(rel)
+        dirnames[:] = [d for d in dirnames if (rel_dir / d).as_posix() in dirs and not (here / d).is_symlink()]
+    return sorted(foreign)
+
+
+def check_replaceable(out: Path, force: bool) -> None:
+    """``UsageError`` unless ``recpipe train`` may write a repository to ``out``: it is absent, empty,
+    holds only the placeholder README, or holds a model repository and ``force`` is set. A directory
+    holding anything else is refused even with ``force``."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} exists and is not a directory")
+    if not out.is_dir():
+        return
+    foreign = foreign_entries(out)
+    if foreign:
+        more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+        raise UsageError(
+            f"--out {out} holds files that are not part of a recpipe model repository "
+            f"({clip(', '.join(foreign[:3]))}{more}); not replacing it, even with --force: "
+            "choose a new or empty directory"
+        )
+    if (out / MANIFEST).exists() and not force:
+        raise UsageError(f"--out {out} already holds a model repository; pass --force to replace it")
 
 
 @dataclass

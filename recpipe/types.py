@@ -1,6 +1,8 @@
 """The arrays that flow between stages, with their shapes and dtypes.
 
 These are what the pure cores take and return (no gRPC here); ``recpipe.codec`` moves them across the wire.
+``check_user_arrays`` is the one check of a user's feature arrays, shared by the retrieval and ranking
+contracts (both take the user features the feature stage produced).
 """
 
 from __future__ import annotations
@@ -8,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from recpipe.errors import BadRequest
 
 
 @dataclass(frozen=True)
@@ -41,3 +45,20 @@ class Candidates:
 
     item_ids: np.ndarray
     scores: np.ndarray
+
+
+def check_user_arrays(
+    dense: np.ndarray, sparse: np.ndarray, dense_dim: int, table_sizes: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Validated (dense (Du,) float32 finite, sparse (T,) int64 within each table) or ``BadRequest``."""
+    dense = np.asarray(dense)
+    sparse = np.asarray(sparse)
+    if dense.shape != (dense_dim,):
+        raise BadRequest(f"user dense features: expected shape [{dense_dim}], got {list(dense.shape)}")
+    if dense.dtype.kind != "f" or not np.isfinite(dense).all():
+        raise BadRequest("user dense features must be finite floats")
+    if sparse.shape != table_sizes.shape:
+        raise BadRequest(f"user sparse features: expected shape [{table_sizes.shape[0]}], got {list(sparse.shape)}")
+    if sparse.dtype.kind not in "iu" or (sparse < 0).any() or (sparse >= table_sizes).any():
+        raise BadRequest("user sparse features: ids out of range for their tables")
+    return dense.astype(np.float32, copy=False), sparse.astype(np.int64, copy=False)

@@ -7,9 +7,10 @@ one copy (building them costs a few seconds; tests that do not ask pay nothing).
     ``recpipe synth-data --out DIR --scale TEST_SCALE --quiet`` run through ``recpipe.cli.main``.
 ``small_models`` -> Path
     ``recpipe train --data small_dataset --out DIR --epochs 1`` (a real, if barely trained, repository).
-``serving_chain`` -> ``recpipe.serving.inprocess.ChainServers``
+``serving_chain`` -> ``recpipe.inprocess.ChainServers``
     The real features, retrieval and ranking stages (over ``small_models``/``small_dataset``) and a
-    gateway, each a real gRPC server on a free port of 127.0.0.1, loaded and SERVING, running in this
+    gateway, each a real gRPC server on a free port of 127.0.0.1, loaded and SERVING (the gateway's
+    health included, which follows the stages' health a moment after they load), running in this
     process on a background event loop. Use ``serving_chain.gateway.address`` (or ``.targets``:
     gateway/features/retrieval/ranking -> "127.0.0.1:PORT") with any gRPC client, e.g.
     ``recpipe.client.RecommendClient(serving_chain.gateway.address)``. Do not stop its servers: other
@@ -30,7 +31,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from recpipe.serving.inprocess import ChainServers, ServerThread
+    from recpipe.inprocess import ChainServers
+    from recpipe.serving.inprocess import ServerThread
 
 #: Scale of the shared test dataset (1.0 = 221k users, 850k items, 4M interactions).
 TEST_SCALE = 0.005
@@ -69,9 +71,27 @@ def serving_threads() -> Iterator[ServerThread]:
 
 @pytest.fixture(scope="session")
 def serving_chain(serving_threads: ServerThread, small_models: Path, small_dataset: Path) -> ChainServers:
-    from recpipe.serving.inprocess import start_chain
+    from recpipe.inprocess import start_chain
 
-    return start_chain(serving_threads, small_models, small_dataset, device="cpu", metrics=True)
+    chain = start_chain(serving_threads, small_models, small_dataset, device="cpu", metrics=True)
+    wait_serving(chain.gateway.address)
+    return chain
+
+
+def wait_serving(address: str, timeout: float = 30.0) -> None:
+    """Block until the server at ``address`` reports SERVING on its gRPC health service."""
+    import time
+
+    import grpc
+
+    from recpipe.serving.supervisor import health_status
+
+    deadline = time.monotonic() + timeout
+    with grpc.insecure_channel(address) as channel:
+        while health_status(channel) != "SERVING":
+            if time.monotonic() > deadline:
+                pytest.fail(f"{address} not SERVING after {timeout}s")
+            time.sleep(0.05)
 
 
 @pytest.fixture(scope="session")

@@ -60,12 +60,11 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from recpipe.client import RecommendClient
-    from recpipe.commands.serve import allocate_ports, supervised_stages
     from recpipe.config import DEFAULT_HOST
-    from recpipe.gateway.chain import Chain, Recommendation
+    from recpipe.gateway.chain import Recommendation
     from recpipe.gateway.latency import Summary, stage_summaries
-    from recpipe.gateway.local import LocalFeatureClient, LocalRankingClient, LocalRetrievalClient
     from recpipe.serving import threads
+    from recpipe.serving.launch import allocate_ports, supervised_stages
     from recpipe.serving.supervisor import Supervisor
 
     supervisor = None
@@ -80,20 +79,15 @@ def run(args: argparse.Namespace) -> int:
         target = supervisor.addresses()["gateway"]
     try:
         threads.configure(args.threads, torch=True, faiss=True)
-        from recpipe.features.core import FeatureCore
-        from recpipe.ranking.core import RankingCore
-        from recpipe.retrieval.core import RetrievalCore
+        from recpipe.inprocess import LocalFeatureClient, local_chain
 
-        features = FeatureCore.load(args.models, args.data, threads=args.threads or None)
-        local = Chain(
-            LocalFeatureClient(features),
-            LocalRetrievalClient(RetrievalCore.load(args.models, device=args.device)),
-            LocalRankingClient(RankingCore.load(args.models, device=args.device)),
-        )
+        local = local_chain(args.models, args.data, device=args.device)
+        assert isinstance(local.features, LocalFeatureClient)
+        num_users = local.features.core.num_users
         if supervisor is not None:
             supervisor.wait_serving(timeout_s=600, during_startup=True)
         rng = np.random.default_rng(args.seed)
-        users = rng.integers(0, features.num_users, size=args.warmup + args.queries).tolist()
+        users = rng.integers(0, num_users, size=args.warmup + args.queries).tolist()
         k, n = args.num_candidates, args.num_results
         grpc_recs: list[Recommendation] = []
         local_recs: list[Recommendation] = []

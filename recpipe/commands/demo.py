@@ -1,8 +1,10 @@
 """Generate data, train, serve and measure: the whole pipeline in one command.
 
 synth-data -> train -> serve (every stage its own process, on free ports) -> a few hundred sequential
-Recommend queries -> the per-stage latency table (p50/p90/p99 of server and gateway-observed time).
-A workdir that already holds data and models is reused; --force regenerates both.
+Recommend queries measured by the query generator -> the per-stage latency table (the same table
+``recpipe querygen`` prints), a run document WORKDIR/run-UTC.json and its charts in WORKDIR/charts-UTC/,
+and the commands to try next. A workdir that already holds data and models is reused; --force
+regenerates both. Progress goes to stderr, the table and the next steps to stdout.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from recpipe.config import DEFAULT_NUM_RESULTS
 from recpipe.errors import UsageError
 
 
@@ -63,16 +66,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _step(message: str) -> None:
-    print(f"== {message}", flush=True)
+    print(f"== {message}", file=sys.stderr, flush=True)
 
 
 def _serve_and_measure(args: argparse.Namespace, data: Path, models: Path) -> int:
-    import numpy as np
+    import datetime as dt
 
-    from recpipe.client import RecommendClient, run_sequential
-    from recpipe.commands.serve import allocate_ports, supervised_stages
-    from recpipe.config import DEFAULT_HOST
-    from recpipe.gateway.latency import format_table
+    from recpipe.config import DEFAULT_HOST, DEFAULT_NUM_CANDIDATES
+    from recpipe.querygen import loops, output, plots, session
+    from recpipe.querygen.config import QuerygenConfig
+    from recpipe.querygen.workload import fixed_candidates
+    from recpipe.serving.launch import allocate_ports, supervised_stages
     from recpipe.serving.supervisor import Supervisor
 
     host = DEFAULT_HOST
@@ -84,25 +88,46 @@ def _serve_and_measure(args: argparse.Namespace, data: Path, models: Path) -> in
     supervisor.start()
     try:
         for spec in stages:
-            print(f"   {spec.name:<10} {spec.address}  pid {supervisor.pid(spec.name)}")
-        addresses = supervisor.addresses()
-        with RecommendClient(addresses["features"]) as probe:
-            num_users = int(probe.info().details["num_users"])
-        with RecommendClient(addresses["gateway"]) as client:
-            rng = np.random.default_rng(args.seed)
-            warm = rng.integers(0, num_users, size=min(20, args.queries))
-            run_sequential(client, warm.tolist(), args.num_candidates, args.num_results)
-            users = rng.integers(0, num_users, size=args.queries)
-            _step(f"{args.queries} sequential queries (warm-up {len(warm)} not counted)")
-            recs, client_us = run_sequential(client, users.tolist(), args.num_candidates, args.num_results)
-            info = client.info()
-        with RecommendClient(addresses["ranking"]) as probe:
-            device = probe.info().device
+            print(f"   {spec.name:<10} {spec.address}  pid {supervisor.pid(spec.name)}", file=sys.stderr)
+        gateway = supervisor.addresses()["gateway"]
+        k = args.num_candidates or DEFAULT_NUM_CANDIDATES
+        config = QuerygenConfig(target=gateway, mode="sequential", candidates=fixed_candidates(k),
+                                queries=args.queries, warmup=WARMUP_S,
+                                num_results=args.num_results or DEFAULT_NUM_RESULTS, seed=args.seed)
+        _step(f"querygen: {args.queries} sequential queries after {WARMUP_S:g} s of warm-up")
+        doc = loops.run(session.execute(config))
     finally:
         supervisor.stop()
-    k = args.num_candidates or 500
-    print(f"\nper-stage latency, {len(recs)} queries, num_candidates {k}, model {info.model_version or '?'}, "
-          f"retrieval/ranking on {device}")
-    print(format_table(recs, client_us))
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    run_json = args.workdir / f"run-{stamp}.json"
+    charts = args.workdir / f"charts-{stamp}"
+    output.write_json(run_json, doc, force=False)
+    drawn = plots.write_run_plots(doc, charts, force=False)
+    for w in doc["warnings"]:
+        print(f"recpipe demo: warning: {w}", file=sys.stderr)
+    print(output.summary_text(doc))
+    print(f"\nwrote {run_json} and {len(drawn)} charts in {charts}/ ({', '.join(p.name for p in drawn)})")
+    same = "".join(f" --{flag} {value}" for flag, value in (("num-candidates", args.num_candidates),
+                                                             ("num-results", args.num_results)) if value)
+    print(next_steps(args.workdir, run_json, same))
     sys.stdout.flush()
-    return 0
+    return 0 if doc["ok"] else 1
+
+
+#: seconds of queries before the measured ones (connections, caches and the first torch calls)
+WARMUP_S = 1.0
+
+
+def next_steps(workdir: Path, run_json: Path, same: str = "") -> str:
+    """The commands to try after the demo, with this demo's paths filled in; ``same`` holds the demo's
+    query-mix flags, so the suggested run is comparable with it in ``recpipe report``."""
+    w = workdir
+    return "\n".join([
+        "next, try:",
+        f"  recpipe serve --models {w}/models --data {w}/data &       # the same stages, kept running",
+        f"  recpipe querygen --target 127.0.0.1:50051 --queries 2000 --warmup 5{same} --out seq.json --plot seq/",
+        f"  recpipe report {run_json} seq.json --labels demo,seq --out report/   # side by side",
+        "  recpipe querygen --target 127.0.0.1:50051 --mode open --rate 10 --slo-p99-ms 50 --duration 20 "
+        "--out slo.json --plot slo/",
+        "  locust -f loadtest/ --headless -u 8 -r 8 -t 30s --host 127.0.0.1:50051",
+    ])

@@ -10,12 +10,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from recpipe.config import DEFAULT_NUM_CANDIDATES, DEFAULT_NUM_RESULTS
+from recpipe.config import DEFAULT_NUM_CANDIDATES, DEFAULT_NUM_RESULTS, normalize_target
 from recpipe.errors import UsageError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", metavar="HOST:PORT", help="the gateway (RecommendService)")
+    parser.add_argument("--target", metavar="HOST:PORT", help="the gateway (RecommendService); :PORT means "
+                        "127.0.0.1:PORT, here and in --features/--retrieval/--ranking")
     # Not `choices=`: an unknown mode gets the same one-line message as every other bad value.
     parser.add_argument("--mode", default="sequential", help="sequential | open | closed (default sequential)")
     parser.add_argument("--rate", type=float, help="open loop: target queries/s (Poisson arrivals)")
@@ -39,6 +40,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-results", type=int, default=DEFAULT_NUM_RESULTS)
     parser.add_argument("--slo-p99-ms", type=float, metavar="X",
                         help="open loop: find the highest rate with end-to-end p99 <= X ms (starts at --rate)")
+    parser.add_argument("--arrivals-file", metavar="F", help="--mode open: replay these inter-arrival times (one "
+                        "per line, in microseconds, like perf_analyzer's --request-intervals; '#' comments), "
+                        "cycling through the file; sets the rate")
+    parser.add_argument("--stability-percent", type=float, metavar="P",
+                        help="repeat measurement windows (each --duration/--queries long) until the last 3 "
+                             "agree within P%% on --stability-percentile (perf_analyzer -s); reports the windows")
+    parser.add_argument("--stability-percentile", type=float, default=99.0, metavar="X",
+                        help="end-to-end percentile the windows must agree on (default 99)")
+    parser.add_argument("--max-windows", type=int, default=10, metavar="N",
+                        help="--stability-percent: give up after N windows (default 10)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=10.0, metavar="S", help="per-query deadline")
     parser.add_argument("--per-component", action="store_true",
@@ -54,7 +65,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from recpipe.querygen.config import QuerygenConfig
-    from recpipe.querygen.workload import fixed_candidates, load_quantile_file, parse_lognormal
+    from recpipe.querygen.workload import (
+        fixed_candidates,
+        load_arrivals_file,
+        load_quantile_file,
+        parse_lognormal,
+    )
 
     if args.candidates_dist is not None:
         candidates = parse_lognormal(args.candidates_dist)
@@ -63,13 +79,19 @@ def build_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     else:
         candidates = fixed_candidates(DEFAULT_NUM_CANDIDATES if args.num_candidates is None
                                       else args.num_candidates)
+    def target(value: str | None) -> str | None:
+        return normalize_target(value) if value else value
+
     return QuerygenConfig(
-        target=args.target, mode=args.mode, candidates=candidates, rate=args.rate,
+        target=target(args.target), mode=args.mode, candidates=candidates, rate=args.rate,
         concurrency=args.concurrency, duration=args.duration, queries=args.queries, warmup=args.warmup,
         users=args.users, zipf_exponent=args.zipf_exponent, num_users=args.num_users,
         num_results=args.num_results, slo_p99_ms=args.slo_p99_ms, seed=args.seed, timeout=args.timeout,
-        per_component=args.per_component, features=args.features, retrieval=args.retrieval,
-        ranking=args.ranking)
+        per_component=args.per_component, features=target(args.features), retrieval=target(args.retrieval),
+        ranking=target(args.ranking),
+        arrivals=load_arrivals_file(args.arrivals_file) if args.arrivals_file else None,
+        stability_percent=args.stability_percent, stability_percentile=args.stability_percentile,
+        max_windows=args.max_windows)
 
 
 def run(args: argparse.Namespace) -> int:

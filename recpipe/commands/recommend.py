@@ -31,12 +31,19 @@ def run(args: argparse.Namespace) -> int:
     for i, (item, score) in enumerate(zip(rec.item_ids.tolist(), rec.scores.tolist(), strict=True), 1):
         print(f"{i:>4}  {item:>10}  {score:>8.4f}")
     print()
-    print(f"{'stage':<14}{'server ms':>11}{'observed ms':>13}")
+    split = any(int(getattr(t, "batch_size", 0)) for t in rec.timings)
+    extra = f"{'queue ms':>10}{'compute ms':>12}{'batch':>7}" if split else ""
+    print(f"{'stage':<14}{'server ms':>11}{'observed ms':>13}{extra}")
     for stage in (*STAGES, TOTAL_STAGE):
         try:
             t = rec.timing(stage)
         except KeyError:
             continue
-        print(f"{stage:<14}{t.server_us / 1000:>11.3f}{t.observed_us / 1000:>13.3f}")
+        row = f"{stage:<14}{t.server_us / 1000:>11.3f}{t.observed_us / 1000:>13.3f}"
+        batch = int(getattr(t, "batch_size", 0))
+        if split and batch:
+            row += (f"{int(getattr(t, 'queue_us', 0)) / 1000:>10.3f}"
+                    f"{int(getattr(t, 'compute_us', 0)) / 1000:>12.3f}{batch:>7d}")
+        print(row)
     print(f"{'client':<14}{'':>11}{client_us / 1000:>13.3f}")
     return 0

@@ -1,15 +1,17 @@
 """Start the gRPC services (gateway, features, retrieval, ranking).
 
 With --stage all (the default) every stage runs as its own process under a supervisor that waits until
-all report SERVING, prints their addresses, restarts a stage that dies, and on SIGINT/SIGTERM drains
-and stops them all. Ports: gateway --port (default 50051), then features, retrieval, ranking on the
-next three (50052-50054); --port 0 picks free ports. Metrics: http://HOST:(gRPC port + 1000)/metrics
-unless --metrics-port says otherwise (-1 turns them off).
+all report SERVING, prints their addresses, restarts a stage that dies or stops answering its health
+checks (--unresponsive-timeout), and on SIGINT/SIGTERM drains and stops them all. Ports: gateway --port
+(default 50051), then features, retrieval, ranking on the next three (50052-50054); --port 0 picks free
+ports. Metrics: http://HOST:(gRPC port + 1000)/metrics unless --metrics-port says otherwise (-1 turns
+them off).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -19,12 +21,11 @@ from recpipe.config import DEFAULT_DATA_DIR, DEFAULT_HOST, DEFAULT_MODELS_DIR, D
 from recpipe.errors import UsageError
 
 if TYPE_CHECKING:
+    from recpipe.serving.batcher import BatchConfig
     from recpipe.serving.config import StageConfig
-    from recpipe.serving.supervisor import StageProcess
+    from recpipe.serving.supervisor import StageProcess, Supervisor
 
 STAGES = ("all", "gateway", "features", "retrieval", "ranking")
-#: --stage all: the order stage ports follow the gateway's.
-PORT_ORDER = ("gateway", "features", "retrieval", "ranking")
 #: Defaults of --host and of the gateway's stage targets, for containers (docker-compose.yml sets them,
 #: an override such as docker-compose.hostnet.yml changes them). Flags win over the environment.
 BIND_HOST_ENV = "RECPIPE_BIND_HOST"
@@ -48,9 +49,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="auto|cpu|cuda[:N] for retrieval and ranking")
     parser.add_argument("--threads", type=int, default=0, help="compute threads per stage (0 = library default)")
     parser.add_argument("--workers", type=int, default=0,
-                        help="run cores on N threads per stage instead of the event loop (0 = inline)")
+                        help="run unbatched core calls on N threads per stage instead of the event loop (0 = inline)")
+    batching = parser.add_argument_group("dynamic batching and admission (retrieval, ranking, AugmentItems)")
+    batching.add_argument("--max-batch", type=int, default=32,
+                          help="requests per core call at most (1 = batching off; default %(default)s)")
+    batching.add_argument("--max-queue-delay-us", type=int, default=0,
+                          help="how long the first queued request may wait for others, in µs "
+                               "(0 = take what is queued; default %(default)s)")
+    batching.add_argument("--max-queue", type=int, default=256,
+                          help="requests waiting per stage method at most; more are refused with "
+                               "RESOURCE_EXHAUSTED (default %(default)s)")
+    batching.add_argument("--max-in-flight", type=int, default=512,
+                          help="gateway: Recommend calls in progress at most; more are refused with "
+                               "RESOURCE_EXHAUSTED (default %(default)s)")
     parser.add_argument("--grace", type=float, default=5.0, help="seconds to drain in-flight requests on stop")
     parser.add_argument("--startup-timeout", type=float, default=600.0, help="--stage all: seconds to wait for SERVING")
+    parser.add_argument("--unresponsive-timeout", type=_seconds, default=None, metavar="SECONDS",
+                        help="--stage all: restart a stage whose health has not answered for this long "
+                             "(default 5; 0 = never)")
     for stage in ("features", "retrieval", "ranking"):
         env = target_env(stage)
         parser.add_argument(f"--{stage}", dest=f"target_{stage}", default=None,
@@ -58,14 +74,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             f"or ipv4:host:port,host:port (default ${env}, else HOST:its default port)")
 
 
-def _metrics_port(flag: int | None, grpc_port: int, offset: int) -> int | None:
-    from recpipe.serving.config import METRICS_PORT_OFFSET
-
-    if flag is None:
-        return grpc_port + METRICS_PORT_OFFSET if grpc_port else 0
-    if flag < 0:
-        return None
-    return flag + offset if flag else 0
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text!r}")
+    return value
 
 
 def stage_config(args: argparse.Namespace, stage: str, port: int, metrics_port: int | None,
@@ -75,11 +91,27 @@ def stage_config(args: argparse.Namespace, stage: str, port: int, metrics_port: 
     return StageConfig(
         stage=stage, models_dir=args.models, data_dir=args.data, host=args.host, port=port,
         metrics_port=metrics_port, device=args.device, threads=args.threads, workers=args.workers,
-        grace_s=args.grace, targets=targets or {},
+        grace_s=args.grace, targets=targets or {}, batch=batch_config(args), max_in_flight=args.max_in_flight,
     )
 
 
+def batch_config(args: argparse.Namespace) -> BatchConfig:
+    """The batcher knobs from the flags (validated: a clear error and exit code 2 when off)."""
+    from recpipe.serving.batcher import BatchConfig
+
+    return BatchConfig(args.max_batch, args.max_queue_delay_us, args.max_queue)
+
+
+def batch_flags(args: argparse.Namespace) -> list[str]:
+    """The same knobs as flags, for the stage processes ``--stage all`` starts."""
+    return ["--max-batch", str(args.max_batch), "--max-queue-delay-us", str(args.max_queue_delay_us),
+            "--max-queue", str(args.max_queue), "--max-in-flight", str(args.max_in_flight)]
+
+
 def run(args: argparse.Namespace) -> int:
+    batch_config(args)  # bad knobs fail here, before any process starts
+    if args.max_in_flight < 1:
+        raise UsageError(f"--max-in-flight must be >= 1, got {args.max_in_flight}")
     if args.port is not None and not 0 <= args.port <= 65535 - 3:
         raise UsageError(f"--port must be in 0..65532, got {args.port}")
     if args.stage != "all":
@@ -90,40 +122,35 @@ def run(args: argparse.Namespace) -> int:
 def gateway_targets(args: argparse.Namespace) -> dict[str, str]:
     """The gateway's stage targets: --features/--retrieval/--ranking, else $RECPIPE_<STAGE>_TARGET, else
     the stage's default port on the bind host (a wildcard bind reaches them on 127.0.0.1)."""
+    from recpipe.serving import launch
     from recpipe.serving.config import default_targets
 
-    targets = default_targets(_connect_host(args.host))
+    targets = default_targets(launch.connect_host(args.host))
     return {s: getattr(args, f"target_{s}") or os.environ.get(target_env(s)) or t for s, t in targets.items()}
 
 
 def _run_one(args: argparse.Namespace) -> int:
     import asyncio
 
-    from recpipe.serving import runner
+    if args.unresponsive_timeout is not None:
+        raise UsageError("--unresponsive-timeout only applies to --stage all (the supervisor)")
+
+    from recpipe import stages
+    from recpipe.serving import launch, runner
 
     port = DEFAULT_PORTS[args.stage] if args.port is None else args.port
     targets = gateway_targets(args) if args.stage == "gateway" else {}
-    cfg = stage_config(args, args.stage, port, _metrics_port(args.metrics_port, port, 0), targets)
-    asyncio.run(runner.serve(cfg))
+    cfg = stage_config(args, args.stage, port, launch.metrics_port(args.metrics_port, port, 0), targets)
+    asyncio.run(runner.serve(cfg, stages.build_stage(cfg)))
     return 0
-
-
-def allocate_ports(host: str, base: int, metrics_flag: int | None) -> tuple[dict[str, int], dict[str, int | None]]:
-    """gRPC and metrics ports per stage for --stage all: gateway ``base``, the others the next three;
-    ``base`` 0 picks free ports. Metrics: gRPC port + 1000, or from ``metrics_flag`` (0 free, -1 off)."""
-    from recpipe.serving.supervisor import free_port
-
-    ports = {s: (base + i if base else free_port(host)) for i, s in enumerate(PORT_ORDER)}
-    if metrics_flag == 0 or (metrics_flag is None and not base):
-        return ports, {s: free_port(host) for s in PORT_ORDER}
-    return ports, {s: _metrics_port(metrics_flag, ports[s], i) for i, s in enumerate(PORT_ORDER)}
 
 
 def _run_all(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from recpipe.serving.supervisor import Supervisor
+    from recpipe.serving import launch
+    from recpipe.serving.supervisor import DEFAULT_UNRESPONSIVE_S, Supervisor
 
     for s in ("features", "retrieval", "ranking"):
         if getattr(args, f"target_{s}"):
@@ -132,51 +159,47 @@ def _run_all(args: argparse.Namespace) -> int:
         if not Path(path).is_dir():
             raise UsageError(f"{what} {path}: no such directory")
     base = DEFAULT_PORTS["gateway"] if args.port is None else args.port
-    ports, metrics = allocate_ports(args.host, base, args.metrics_port)
-    stages = supervised_stages(
+    ports, metrics = launch.allocate_ports(args.host, base, args.metrics_port)
+    stages = launch.supervised_stages(
         models=args.models, data=args.data, host=args.host, ports=ports, metrics=metrics, device=args.device,
         threads=args.threads, workers=args.workers, grace=args.grace, log_level=args.log_level,
+        extra=batch_flags(args),
     )
-    supervisor = Supervisor(stages, startup_timeout_s=args.startup_timeout, grace_s=args.grace)
+    unresponsive = DEFAULT_UNRESPONSIVE_S if args.unresponsive_timeout is None else args.unresponsive_timeout
+    supervisor = Supervisor(stages, startup_timeout_s=args.startup_timeout, grace_s=args.grace,
+                            unresponsive_s=unresponsive)
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     supervisor.start(stop)
     print(f"recpipe serving ({len(stages)} stages; Ctrl-C stops):")
-    for spec in stages:
-        m = f"  metrics http://{args.host}:{spec.metrics_port}/metrics" if spec.metrics_port is not None else ""
-        print(f"  {spec.name:<10} {spec.address}  pid {supervisor.pid(spec.name)}{m}")
+    print(summary(supervisor, stages, args.host))
     sys.stdout.flush()
     supervisor.run(stop)
     print("recpipe: all stages stopped", flush=True)
     return 0
 
 
-def _connect_host(host: str) -> str:
-    """Where to reach a server bound to ``host`` from this machine (a wildcard is not a destination)."""
-    return "127.0.0.1" if host in ("0.0.0.0", "") else ("[::1]" if host == "::" else host)
+def summary(supervisor: Supervisor, stages: list[StageProcess], host: str) -> str:
+    """The machine line and one row per stage (address, pid, device and threads from its GetInfo)."""
+    from recpipe.client import RecommendClient
+    from recpipe.errors import RecpipeError
+    from recpipe.querygen.platform_info import detect
+    from recpipe.querygen.table import serve_table
+
+    rows = []
+    for spec in stages:
+        row: dict[str, object] = {"name": spec.name, "address": spec.address, "pid": supervisor.pid(spec.name),
+                                  "metrics": (f"http://{host}:{spec.metrics_port}/metrics"
+                                              if spec.metrics_port is not None else None)}
+        try:
+            with RecommendClient(spec.address, timeout=5.0) as client:
+                info = client.info()
+            row.update(device=info.device, threads=info.threads)
+        except RecpipeError:
+            pass
+        rows.append(row)
+    return serve_table(rows, detect())
 
 
-def supervised_stages(
-    *, models: Path, data: Path, host: str, ports: dict[str, int], metrics: dict[str, int | None],
-    device: str = "auto", threads: int = 0, workers: int = 0, grace: float = 5.0, log_level: str = "WARNING",
-) -> list[StageProcess]:
-    """One ``StageProcess`` per stage: ``python -m recpipe serve --stage NAME`` with explicit ports, so
-    a restarted stage comes back where the gateway expects it."""
-    from recpipe.serving.supervisor import StageProcess
-
-    connect = _connect_host(host)
-    specs = []
-    for name in ("features", "retrieval", "ranking", "gateway"):
-        argv = [
-            sys.executable, "-m", "recpipe", "--log-level", log_level, "serve", "--stage", name,
-            "--models", str(models), "--data", str(data), "--host", host, "--port", str(ports[name]),
-            "--metrics-port", str(-1 if metrics[name] is None else metrics[name]),
-            "--device", device, "--threads", str(threads), "--workers", str(workers), "--grace", str(grace),
-        ]
-        if name == "gateway":
-            for s in ("features", "retrieval", "ranking"):
-                argv += [f"--{s}", f"{connect}:{ports[s]}"]
-        specs.append(StageProcess(name, f"{connect}:{ports[name]}", tuple(argv), metrics[name]))
-    return specs

@@ -58,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
         manifest = generate(cfg, args.out, force=args.force, progress=interactive)
     except OSError as e:  # disk full, permissions changed mid-run: the temporary directory is gone already
         raise UsageError(f"cannot write {args.out}: {e.strerror or e}") from None
-    if interactive:
+    if not args.quiet:
+        # The summary goes to stdout whether or not it is a terminal; only the progress bar needs one.
         rows, orc = manifest["rows"], manifest["oracle"]
 
         def num(x: float | None) -> str:
@@ -67,5 +68,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {args.out}: {rows['users']:,} users, {rows['items']:,} items, "
               f"{rows['interactions']:,} interactions in {time.perf_counter() - t0:.1f} s "
               f"(click rate {num(manifest['stats']['click_rate'])}, oracle AUC {num(orc['auc'])}, "
-              f"oracle recall@500 {num(orc['recall_at_500'])})", file=sys.stderr)
+              f"oracle recall@500 {num(orc['recall_at_500'])})")
     return 0

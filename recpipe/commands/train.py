@@ -80,8 +80,12 @@ def run(args: argparse.Namespace) -> int:
         m = manifest["metrics"]
         print(f"wrote {args.out} (version {manifest['version']}, {manifest['training']['device']}, "
               f"{manifest['training']['seconds']['total']:.1f}s)")
-        print(f"  ranking_auc {m['ranking_auc']:.4f} (oracle {m['oracle_auc']})")
+        print(f"  ranking_auc {m['ranking_auc']:.4f} (oracle {_round(m['oracle_auc'])})")
         print(f"  retrieval_recall_at_500 {m['retrieval_recall_at_500']:.4f} "
               f"(popularity {m['popularity_recall_at_500']:.4f})")
         print(f"  index {m['index_type']}: recall@100 {m['index_recall_at_100']:.4f}")
     return 0
+
+
+def _round(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.4f}"

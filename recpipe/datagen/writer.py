@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 
 from recpipe import schema
 from recpipe.errors import UsageError
+from recpipe.filemodes import dir_mode
 
 MANIFEST_NAME = "manifest.json"
 DATASET_FILES: tuple[str, ...] = (*schema.TABLE_FILES.values(), MANIFEST_NAME)
@@ -163,7 +164,7 @@ class DatasetDir:
 
     def _commit(self, tmp: Path) -> None:
         out = self.out
-        os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
+        os.chmod(tmp, dir_mode())  # mkdtemp makes it 0700
         if not out.exists():
             os.rename(tmp, out)
             return

@@ -14,7 +14,7 @@ Shapes: ``UserFeatures.dense`` (Du,) = 40 encoded continuous + 3 user aggregates
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +22,10 @@ import numpy as np
 import polars as pl
 
 from recpipe import schema
-from recpipe.errors import ArtifactMismatch, BadRequest, UnknownUser
+from recpipe.errors import ArtifactMismatch
 from recpipe.features import history as hist
+from recpipe.features.artifacts import CONFIG_FILE, FeatureConfig, load_config, load_preprocessor
+from recpipe.features.contract import FeatureLimits, ItemsQuery, UserQuery
 from recpipe.preprocess import Preprocessor
 from recpipe.types import ItemFeatures, UserFeatures
 
@@ -33,39 +35,11 @@ USER_CATEGORY_COLUMN = "u_cat_11"  # preferred leaf category
 USER_CLUSTER_COLUMN = "u_cat_23"  # fine interest cluster
 ITEM_CATEGORY_COLUMN = "i_cat_00"  # leaf category
 ITEM_TOP_CATEGORY_COLUMN = "i_cat_01"  # top-level category
-CONFIG_FILE = "features/config.json"
-PREPROCESS_FILES = {
-    "stats": "preprocess/stats.json",
-    "users": "preprocess/vocab_users.parquet",
-    "items": "preprocess/vocab_items.parquet",
-}
-
-
-@dataclass(frozen=True)
-class FeatureConfig:
-    """``num_*``: id ranges of the raw columns keying the cross tables (0 = take them from the data)."""
-
-    history_len: int = 20
-    num_categories: int = 0
-    num_top_categories: int = 0
-
-    def __post_init__(self) -> None:
-        if self.history_len < 0:
-            raise ValueError("history_len must be >= 0")
-
 
 def _check_ids(frame: pl.DataFrame, column: str, path: str) -> None:
     ids = frame[column].to_numpy()
     if not np.array_equal(ids, np.arange(ids.shape[0])):
         raise ArtifactMismatch(f"{path}: {column} must be 0..n-1 in row order")
-
-
-def load_preprocessor(repo: Any) -> Preprocessor:
-    """The fitted preprocessing from an opened ``Repository`` (verified files)."""
-    return Preprocessor.load(
-        repo.file(PREPROCESS_FILES["stats"]),
-        {"users": repo.file(PREPROCESS_FILES["users"]), "items": repo.file(PREPROCESS_FILES["items"])},
-    )
 
 
 def read_tables(data_dir: Path) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
@@ -161,12 +135,7 @@ class FeatureCore:
         repo.check_dataset(Path(data_dir))
         verify_dataset(Path(data_dir), [schema.TABLE_FILES[t.name] for t in schema.TABLES])
         preprocessor = load_preprocessor(repo)
-        raw = repo.json(CONFIG_FILE)
-        try:
-            config = FeatureConfig(int(raw["history_len"]), int(raw["num_categories"]),
-                                   int(raw["num_top_categories"]))
-        except (KeyError, TypeError, ValueError) as e:
-            raise ArtifactMismatch(f"{repo.root / CONFIG_FILE}: malformed ({e!r})") from None
+        config = load_config(repo)
         users, items, interactions = read_tables(Path(data_dir))
         train, _ = split_by_time(interactions)
         core = cls(preprocessor, users, items, train, config, repo.version)
@@ -186,27 +155,20 @@ class FeatureCore:
 
     # ---- requests ----------------------------------------------------------------------------------
 
-    def check_user(self, user_id: int) -> int:
-        if isinstance(user_id, bool) or not isinstance(user_id, int | np.integer):
-            raise BadRequest(f"user_id must be an integer, got {type(user_id).__name__}")
-        uid = int(user_id)
-        if not 0 <= uid < self.num_users:
-            raise UnknownUser(f"unknown user {uid} (valid ids are 0..{self.num_users - 1})")
-        return uid
-
-    def check_items(self, item_ids: np.ndarray) -> np.ndarray:
-        arr = np.asarray(item_ids)
-        if arr.ndim != 1:
-            raise BadRequest(f"item_ids must be 1-D, got shape {list(arr.shape)}")
-        if arr.dtype.kind not in "iu":
-            raise BadRequest(f"item_ids must be integers, got {arr.dtype}")
-        if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= self.num_items):
-            bad = int(arr[(arr < 0) | (arr >= self.num_items)][0])
-            raise BadRequest(f"item id {bad} out of range (valid ids are 0..{self.num_items - 1})")
-        return arr.astype(np.int64, copy=False)
+    @property
+    def limits(self) -> FeatureLimits:
+        return FeatureLimits(self.num_users, self.num_items)
 
     def augment_user(self, user_id: int) -> UserFeatures:
-        uid = self.check_user(user_id)
+        """The user's encoded features (``user_id`` checked by ``UserQuery``)."""
+        return self.user_features(UserQuery.checked(user_id, self.limits))
+
+    def augment_items(self, user_id: int, item_ids: np.ndarray) -> ItemFeatures:
+        """k items' encoded features for the user (checked by ``ItemsQuery``)."""
+        return self.items_batch([ItemsQuery.checked(user_id, item_ids, self.limits)])[0]
+
+    def user_features(self, query: UserQuery) -> UserFeatures:
+        uid = query.user_id
         return UserFeatures(
             user_id=uid,
             dense=self.user_dense[uid].copy(),
@@ -214,11 +176,16 @@ class FeatureCore:
             recent_items=self.history.recent[uid].copy(),
         )
 
-    def augment_items(self, user_id: int, item_ids: np.ndarray) -> ItemFeatures:
-        uid = self.check_user(user_id)
-        ids = self.check_items(item_ids)
-        users = np.full(ids.shape[0], uid, dtype=np.int64)
-        return ItemFeatures(item_ids=ids.copy(), dense=self.item_dense_rows(users, ids), sparse=self.item_sparse[ids])
+    def items_batch(self, queries: Sequence[ItemsQuery]) -> list[ItemFeatures]:
+        """One gather for all the queries' (user, item) pairs, split back per query."""
+        ids = np.concatenate([q.item_ids for q in queries]) if len(queries) > 1 else queries[0].item_ids
+        users = np.repeat(np.fromiter((q.user_id for q in queries), np.int64, len(queries)),
+                          [q.item_ids.shape[0] for q in queries])
+        dense = self.item_dense_rows(users, ids)
+        sparse = self.item_sparse[ids]
+        bounds = np.cumsum([q.item_ids.shape[0] for q in queries])[:-1]
+        return [ItemFeatures(item_ids=i.copy(), dense=d, sparse=s) for i, d, s in
+                zip(np.split(ids, bounds), np.split(dense, bounds), np.split(sparse, bounds), strict=True)]
 
     # ---- bulk gathers (requests and training examples alike) ---------------------------------------
 

@@ -1,17 +1,21 @@
-"""FeatureService over gRPC: validate, decode, call ``FeatureCore``, encode. No feature logic here."""
+"""FeatureService over gRPC: decode, check (``contract``), call ``FeatureCore``, encode. No feature logic.
+
+AugmentItems goes through the stage's dynamic batcher (one gather for every queued request);
+AugmentUser is a single-row gather of tens of microseconds, so it runs directly.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from time import perf_counter_ns
 from typing import Protocol
 
-import numpy as np
 from grpc import aio
 
 from recpipe import codec
-from recpipe.config import MAX_NUM_CANDIDATES
-from recpipe.errors import BadRequest
+from recpipe.features.contract import FeatureLimits, ItemsQuery, UserQuery
+from recpipe.serving.batcher import BatchConfig, Batcher
 from recpipe.serving.stage import CoreStage, StageInfo, check_deadline, elapsed_us
 from recpipe.types import ItemFeatures, UserFeatures
 from recpipe.v1 import features_pb2, features_pb2_grpc
@@ -26,8 +30,10 @@ class FeatureCoreLike(Protocol):
     num_items: int
     model_version: str
 
-    def augment_user(self, user_id: int) -> UserFeatures: ...
-    def augment_items(self, user_id: int, item_ids: np.ndarray) -> ItemFeatures: ...
+    @property
+    def limits(self) -> FeatureLimits: ...
+    def user_features(self, query: UserQuery) -> UserFeatures: ...
+    def items_batch(self, queries: Sequence[ItemsQuery]) -> list[ItemFeatures]: ...
 
 
 class FeatureStage(CoreStage[FeatureCoreLike]):
@@ -36,9 +42,13 @@ class FeatureStage(CoreStage[FeatureCoreLike]):
     name = "features"
     service_names = (SERVICE_NAME,)
     thread_pool = "polars"
+    _items: Batcher[ItemsQuery, ItemFeatures]
 
     def add_to_server(self, server: aio.Server) -> None:
         features_pb2_grpc.add_FeatureServiceServicer_to_server(self, server)  # type: ignore[arg-type]
+
+    def _start(self, core: FeatureCoreLike) -> None:
+        self._items = self._batcher("AugmentItems", core.items_batch)
 
     def info(self) -> StageInfo:
         core = self._core
@@ -49,7 +59,7 @@ class FeatureStage(CoreStage[FeatureCoreLike]):
             device="cpu",
             model_version=core.model_version,
             threads=self._threads,
-            details={"num_users": str(core.num_users), "num_items": str(core.num_items)},
+            details={"num_users": str(core.num_users), "num_items": str(core.num_items), **self.batch_details()},
         )
 
     async def AugmentUser(
@@ -58,31 +68,39 @@ class FeatureStage(CoreStage[FeatureCoreLike]):
         start = perf_counter_ns()
         check_deadline(context, self.name)
         core = self._ready()
-        user = await self._run(core.augment_user, int(request.user_id))
+        query = UserQuery.checked(int(request.user_id), core.limits)
+        computed = perf_counter_ns()
+        user = await self._run(core.user_features, query)
+        compute_us = elapsed_us(computed)
         return features_pb2.AugmentUserResponse(
             user_id=user.user_id,
             dense=codec.encode(user.dense),
             sparse=codec.encode(user.sparse),
             recent_items=codec.encode(user.recent_items),
             server_us=elapsed_us(start),
+            compute_us=compute_us,
+            batch_size=1,
         )
 
     async def AugmentItems(
         self, request: features_pb2.AugmentItemsRequest, context: aio.ServicerContext
     ) -> features_pb2.AugmentItemsResponse:
         start = perf_counter_ns()
-        check_deadline(context, self.name)
+        deadline = check_deadline(context, self.name)
         core = self._ready()
         item_ids = codec.decode(request.item_ids, "item_ids", "int64", (None,))
-        if not 0 < item_ids.shape[0] <= MAX_NUM_CANDIDATES:
-            raise BadRequest(f"item_ids: expected 1..{MAX_NUM_CANDIDATES} ids, got {item_ids.shape[0]}")
-        items = await self._run(core.augment_items, int(request.user_id), item_ids)
+        query = ItemsQuery.checked(int(request.user_id), item_ids, core.limits)
+        done = await self._items.submit(query, deadline)
         return features_pb2.AugmentItemsResponse(
-            dense=codec.encode(items.dense), sparse=codec.encode(items.sparse), server_us=elapsed_us(start)
+            dense=codec.encode(done.value.dense), sparse=codec.encode(done.value.sparse),
+            server_us=elapsed_us(start), queue_us=done.queue_us, compute_us=done.compute_us,
+            batch_size=done.batch_size,
         )
 
 
-def load_stage(models_dir: Path, data_dir: Path, *, threads: int | None = None, workers: int = 0) -> FeatureStage:
+def load_stage(
+    models_dir: Path, data_dir: Path, *, threads: int | None = None, workers: int = 0, batch: BatchConfig | None = None
+) -> FeatureStage:
     """The feature stage over the real ``FeatureCore`` (imported here: it pulls in Polars)."""
 
     def loader() -> FeatureCoreLike:
@@ -90,4 +108,4 @@ def load_stage(models_dir: Path, data_dir: Path, *, threads: int | None = None, 
 
         return FeatureCore.load(models_dir, data_dir, threads=threads)
 
-    return FeatureStage(loader, workers=workers, threads=threads or 0)
+    return FeatureStage(loader, workers=workers, threads=threads or 0, batch=batch)

@@ -2,7 +2,7 @@
 
 The chain knows only its three stage clients (passed in, Ray Serve style) and arrays from
 ``recpipe.types``; whether a client crosses gRPC (``recpipe.gateway.clients``) or calls a core in
-process (``recpipe.gateway.local``) is invisible here, which is what lets ``recpipe bench chain`` put
+process (``recpipe.inprocess``) is invisible here, which is what lets ``recpipe bench chain`` put
 the two side by side. Every hop gets the time left until the caller's deadline; every hop is timed
 (``observed_us``, perf_counter_ns around the call) next to the time the stage reports for itself
 (``server_us``).
@@ -36,11 +36,21 @@ I_contra = TypeVar("I_contra", contravariant=True)
 
 @dataclass(frozen=True)
 class StageResult(Generic[T]):
-    """A stage's answer with the time the stage spent on it and the model version it used."""
+    """A stage's answer with the time the stage spent on it and the model version it used.
+
+    ``queue_us``/``compute_us``/``batch_size``: the part of ``server_us`` spent queued in the stage's
+    batcher, the core call it ran in, and how many requests shared that call.
+    """
 
     value: T
     server_us: int
     model_version: str = ""
+    queue_us: int = 0
+    compute_us: int = 0
+    batch_size: int = 0
+
+    def timing(self, stage: str, observed_us: int) -> StageTiming:
+        return StageTiming(stage, self.server_us, observed_us, self.queue_us, self.compute_us, self.batch_size)
 
 
 # The user's and the items' features are opaque to the chain: it hands what the feature client
@@ -56,10 +66,8 @@ class FeatureClient(Protocol[U_co, I_co]):
 
 
 class RetrievalClient(Protocol[U_contra]):
-    async def num_items(self, timeout: float | None) -> int: ...
-
     async def retrieve(self, user: U_contra, k: int, timeout: float | None) -> StageResult[np.ndarray]:
-        """(k,) int64 item ids, best first."""
+        """(k,) int64 item ids, best first; k 0 = the stage's default, which also owns the bound on k."""
         ...
 
 
@@ -71,9 +79,15 @@ class RankingClient(Protocol[U_contra, I_contra]):
 
 @dataclass(frozen=True)
 class StageTiming:
+    """Per stage: server_us inside the stage, observed_us seen by the gateway, and the stage's split of
+    server_us into queue_us (batcher queue) and compute_us (core call of batch_size requests)."""
+
     stage: str
     server_us: int
     observed_us: int
+    queue_us: int = 0
+    compute_us: int = 0
+    batch_size: int = 0
 
 
 @dataclass(frozen=True)
@@ -101,48 +115,41 @@ class Chain(Generic[U, I]):
         self.features = features
         self.retrieval = retrieval
         self.ranking = ranking
-        self._num_items: int | None = None
         self.model_version = ""
 
-    async def _item_count(self, deadline: float | None) -> int:
-        if self._num_items is None:
-            self._num_items = await self.retrieval.num_items(_remaining(deadline, "retrieve"))
-        return self._num_items
-
-    async def resolve_sizes(self, num_candidates: int, num_results: int, deadline: float | None) -> tuple[int, int]:
-        """Apply the defaults (0 -> 500 candidates, 10 results) and the contract's bounds."""
+    @staticmethod
+    def resolve_sizes(num_candidates: int, num_results: int) -> tuple[int, int]:
+        """Check the request's sizes and apply the result default (0 -> 10). ``num_candidates`` 0 stays
+        0: the retrieval stage applies its default (500, or the whole catalogue when smaller) and owns
+        the bound against the catalogue."""
         if num_candidates < 0:
             raise BadRequest(f"num_candidates must be >= 0, got {num_candidates}")
         if num_results < 0:
             raise BadRequest(f"num_results must be >= 0, got {num_results}")
         if num_candidates > MAX_NUM_CANDIDATES:
             raise BadRequest(f"num_candidates must be <= {MAX_NUM_CANDIDATES}, got {num_candidates}")
-        items = await self._item_count(deadline)
-        if num_candidates > items:
-            raise BadRequest(f"num_candidates must be <= the item count {items}, got {num_candidates}")
-        # A catalogue smaller than the default (tiny test scales) gets all of it rather than an error.
-        k = num_candidates or min(DEFAULT_NUM_CANDIDATES, items)
+        k = num_candidates or DEFAULT_NUM_CANDIDATES
         n = num_results or min(DEFAULT_NUM_RESULTS, k)
         if n > k:
             raise BadRequest(f"num_results ({n}) must be <= num_candidates ({k})")
-        return k, n
+        return num_candidates, n
 
     async def recommend(
         self, user_id: int, num_candidates: int = 0, num_results: int = 0, deadline: float | None = None
     ) -> Recommendation:
         """One Recommend call. ``deadline`` is a ``time.monotonic()`` instant (None = no deadline)."""
         start = time.perf_counter_ns()
-        k, n = await self.resolve_sizes(num_candidates, num_results, deadline)
+        k, n = self.resolve_sizes(num_candidates, num_results)
         timings: list[StageTiming] = []
 
         t0 = time.perf_counter_ns()
         user = await self.features.augment_user(user_id, _remaining(deadline, STAGES[0]))
         t1 = time.perf_counter_ns()
-        timings.append(StageTiming(STAGES[0], user.server_us, (t1 - t0) // 1000))
+        timings.append(user.timing(STAGES[0], (t1 - t0) // 1000))
 
         found = await self.retrieval.retrieve(user.value, k, _remaining(deadline, STAGES[1]))
         t2 = time.perf_counter_ns()
-        timings.append(StageTiming(STAGES[1], found.server_us, (t2 - t1) // 1000))
+        timings.append(found.timing(STAGES[1], (t2 - t1) // 1000))
         # FAISS pads with -1 when an approximate search finds fewer than k neighbours.
         ids = found.value
         if ids.size and ids.min() < 0:
@@ -153,11 +160,11 @@ class Chain(Generic[U, I]):
         t2 = time.perf_counter_ns()
         items = await self.features.augment_items(user_id, ids, _remaining(deadline, STAGES[2]))
         t3 = time.perf_counter_ns()
-        timings.append(StageTiming(STAGES[2], items.server_us, (t3 - t2) // 1000))
+        timings.append(items.timing(STAGES[2], (t3 - t2) // 1000))
 
         ranked = await self.ranking.rank(user.value, items.value, _remaining(deadline, STAGES[3]))
         t4 = time.perf_counter_ns()
-        timings.append(StageTiming(STAGES[3], ranked.server_us, (t4 - t3) // 1000))
+        timings.append(ranked.timing(STAGES[3], (t4 - t3) // 1000))
 
         top_ids, top_scores = top_n(ids, ranked.value, n)
         if ranked.model_version:

@@ -3,27 +3,27 @@
 A failed call comes back as the domain error its status code stands for (``recpipe.serving.status``),
 with the stage named in the message, so the gateway's interceptor answers the client with the same
 code: a stage that is down becomes UNAVAILABLE "retrieval unavailable at 127.0.0.1:50053: ...".
+Each client opens its own channel to ``target``, or uses the ``channel`` it is given (the query
+generator passes channels it has already checked are ready).
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 import numpy as np
 from grpc import aio
 
 from recpipe import codec
-from recpipe.errors import ArtifactMismatch, RecpipeError, StageUnavailable
+from recpipe.errors import ArtifactMismatch, RecpipeError
 from recpipe.gateway.chain import StageResult
 from recpipe.serving.channels import make_channel
 from recpipe.serving.status import error_for
 from recpipe.v1 import (
     features_pb2,
     features_pb2_grpc,
-    info_pb2,
-    info_pb2_grpc,
     ranking_pb2,
     ranking_pb2_grpc,
     retrieval_pb2,
@@ -34,10 +34,10 @@ R = TypeVar("R")
 
 
 class _StageChannel:
-    def __init__(self, stage: str, target: str) -> None:
+    def __init__(self, stage: str, target: str, channel: aio.Channel | None = None) -> None:
         self.stage = stage
         self.target = target
-        self.channel = make_channel(target)
+        self.channel = channel if channel is not None else make_channel(target)
 
     async def call(self, rpc: Callable[..., Awaitable[R]], request: object, timeout: float | None) -> R:
         try:
@@ -61,55 +61,54 @@ class _StageChannel:
 class GrpcFeatureClient:
     """Returns the stage's response messages as the user/items payloads (forwarded, not decoded)."""
 
-    def __init__(self, target: str) -> None:
-        self._ch = _StageChannel("features", target)
+    def __init__(self, target: str, channel: aio.Channel | None = None) -> None:
+        self._ch = _StageChannel("features", target, channel)
         self._stub = features_pb2_grpc.FeatureServiceStub(self._ch.channel)
 
     async def augment_user(self, user_id: int, timeout: float | None) -> StageResult[features_pb2.AugmentUserResponse]:
         r = await self._ch.call(self._stub.AugmentUser, features_pb2.AugmentUserRequest(user_id=user_id), timeout)
-        return StageResult(r, r.server_us)
+        return _result(r, r)
 
     async def augment_items(
         self, user_id: int, item_ids: np.ndarray, timeout: float | None
     ) -> StageResult[features_pb2.AugmentItemsResponse]:
         request = features_pb2.AugmentItemsRequest(user_id=user_id, item_ids=codec.encode(item_ids))
         r = await self._ch.call(self._stub.AugmentItems, request, timeout)
-        return StageResult(r, r.server_us)
+        return _result(r, r)
+
+    @property
+    def channel(self) -> aio.Channel:
+        """The channel the chain calls the stage on (the gateway's readiness checks use it too)."""
+        return self._ch.channel
 
     async def close(self) -> None:
         await self._ch.close()
 
 
 class GrpcRetrievalClient:
-    def __init__(self, target: str) -> None:
-        self._ch = _StageChannel("retrieval", target)
+    def __init__(self, target: str, channel: aio.Channel | None = None) -> None:
+        self._ch = _StageChannel("retrieval", target, channel)
         self._stub = retrieval_pb2_grpc.RetrievalServiceStub(self._ch.channel)
-        self._info = info_pb2_grpc.InfoServiceStub(self._ch.channel)
-
-    async def num_items(self, timeout: float | None) -> int:
-        info = await self._ch.call(self._info.GetInfo, info_pb2.GetInfoRequest(), timeout)
-        try:
-            return int(info.details["num_items"])
-        except (KeyError, ValueError):
-            raise StageUnavailable(f"retrieval at {self._ch.target} is still loading") from None
 
     async def retrieve(
         self, user: features_pb2.AugmentUserResponse, k: int, timeout: float | None
     ) -> StageResult[np.ndarray]:
-        request = retrieval_pb2.RetrieveRequest(
-            user_dense=user.dense, user_sparse=user.sparse, recent_items=user.recent_items, k=k
-        )
+        request = retrieval_pb2.RetrieveRequest(user_dense=user.dense, user_sparse=user.sparse, k=k)
         r = await self._ch.call(self._stub.Retrieve, request, timeout)
-        ids = _decode(r.item_ids, "retrieval", "item_ids", "int64", (None,))
-        return StageResult(ids, r.server_us, r.model_version)
+        return _result(_decode(r.item_ids, "retrieval", "item_ids", "int64", (None,)), r, r.model_version)
+
+    @property
+    def channel(self) -> aio.Channel:
+        """The channel the chain calls the stage on (the gateway's readiness checks use it too)."""
+        return self._ch.channel
 
     async def close(self) -> None:
         await self._ch.close()
 
 
 class GrpcRankingClient:
-    def __init__(self, target: str) -> None:
-        self._ch = _StageChannel("ranking", target)
+    def __init__(self, target: str, channel: aio.Channel | None = None) -> None:
+        self._ch = _StageChannel("ranking", target, channel)
         self._stub = ranking_pb2_grpc.RankingServiceStub(self._ch.channel)
 
     async def rank(
@@ -120,11 +119,20 @@ class GrpcRankingClient:
         )
         r = await self._ch.call(self._stub.Rank, request, timeout)
         k = items.dense.shape[0] if items.dense.shape else None
-        scores = _decode(r.scores, "ranking", "scores", "float32", (k,))
-        return StageResult(scores, r.server_us, r.model_version)
+        return _result(_decode(r.scores, "ranking", "scores", "float32", (k,)), r, r.model_version)
+
+    @property
+    def channel(self) -> aio.Channel:
+        """The channel the chain calls the stage on (the gateway's readiness checks use it too)."""
+        return self._ch.channel
 
     async def close(self) -> None:
         await self._ch.close()
+
+
+def _result(value: R, reply: Any, model_version: str = "") -> StageResult[R]:
+    """``value`` with the timing fields every stage reply carries."""
+    return StageResult(value, reply.server_us, model_version, reply.queue_us, reply.compute_us, reply.batch_size)
 
 
 def _decode(tensor: object, stage: str, field: str, dtype: str, shape: tuple[int | None, ...]) -> np.ndarray:

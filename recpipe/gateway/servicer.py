@@ -3,14 +3,14 @@
 
 from __future__ import annotations
 
-import time
-
 from grpc import aio
 
 from recpipe.errors import StageUnavailable
+from recpipe.gateway.admission import Admission
 from recpipe.gateway.chain import Chain
 from recpipe.gateway.clients import GrpcFeatureClient, GrpcRankingClient, GrpcRetrievalClient
-from recpipe.serving.stage import Stage, StageInfo, check_deadline
+from recpipe.gateway.readiness import ChainReadiness
+from recpipe.serving.stage import ReadinessWatch, Stage, StageInfo, check_deadline
 from recpipe.v1 import recommend_pb2, recommend_pb2_grpc
 
 SERVICE_NAME = recommend_pb2.DESCRIPTOR.services_by_name["RecommendService"].full_name
@@ -20,8 +20,9 @@ class GatewayStage(Stage):
     name = "gateway"
     service_names = (SERVICE_NAME,)
 
-    def __init__(self, features: str, retrieval: str, ranking: str) -> None:
+    def __init__(self, features: str, retrieval: str, ranking: str, *, max_in_flight: int = 512) -> None:
         self.targets = {"features": features, "retrieval": retrieval, "ranking": ranking}
+        self.admission = Admission(max_in_flight)
         self.chain: Chain | None = None
         self._clients: tuple[GrpcFeatureClient, GrpcRetrievalClient, GrpcRankingClient] | None = None
 
@@ -39,9 +40,17 @@ class GatewayStage(Stage):
         self._clients = clients
         self.chain = Chain(*clients)
 
+    def readiness(self) -> ReadinessWatch | None:
+        """The gateway is SERVING only while every stage it calls is (``recpipe.gateway.readiness``)."""
+        if self._clients is None:
+            return None
+        features, retrieval, ranking = self._clients
+        return ChainReadiness({"features": features.channel, "retrieval": retrieval.channel,
+                               "ranking": ranking.channel}).run
+
     def info(self) -> StageInfo:
         version = self.chain.model_version if self.chain is not None else ""
-        return StageInfo(self.name, "cpu", version, 1, dict(self.targets))
+        return StageInfo(self.name, "cpu", version, 1, {**self.targets, "max_in_flight": str(self.admission.max_in_flight)})
 
     async def close(self) -> None:
         if self._clients is not None:
@@ -51,18 +60,23 @@ class GatewayStage(Stage):
     async def Recommend(
         self, request: recommend_pb2.RecommendRequest, context: aio.ServicerContext
     ) -> recommend_pb2.RecommendResponse:
-        check_deadline(context, self.name)
+        deadline = check_deadline(context, self.name)
         if self.chain is None:
             raise StageUnavailable("gateway: still starting")
-        remaining = context.time_remaining()
-        deadline = None if remaining is None else time.monotonic() + remaining
-        rec = await self.chain.recommend(
-            int(request.user_id), int(request.num_candidates), int(request.num_results), deadline
-        )
+        self.admission.admit(deadline)
+        completed = False
+        try:
+            rec = await self.chain.recommend(
+                int(request.user_id), int(request.num_candidates), int(request.num_results), deadline
+            )
+            completed = True
+        finally:
+            self.admission.release(completed)
         return recommend_pb2.RecommendResponse(
             item_ids=rec.item_ids.tolist(),
             scores=rec.scores.tolist(),
-            timings=[recommend_pb2.StageTiming(stage=t.stage, server_us=t.server_us, observed_us=t.observed_us)
+            timings=[recommend_pb2.StageTiming(stage=t.stage, server_us=t.server_us, observed_us=t.observed_us,
+                                               queue_us=t.queue_us, compute_us=t.compute_us, batch_size=t.batch_size)
                      for t in rec.timings],
             model_version=rec.model_version,
         )

@@ -11,7 +11,43 @@ from typing import Any
 
 from recpipe.config import STAGES
 
-ROWS: tuple[str, ...] = ("end_to_end", *STAGES)
+ROWS: tuple[str, ...] = (*STAGES, "end_to_end")
+
+
+#: what two runs must share for their latencies to be comparable: (label, how to read it from a run)
+_LIKE_FOR_LIKE: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("mode", ("mode",)),
+    ("per-component", ("per_component",)),
+    ("closed-loop clients", ("concurrency",)),
+    ("users", ("workload", "users")),
+    ("zipf exponent", ("workload", "zipf_exponent")),
+    ("candidates", ("workload", "candidates")),
+    ("results", ("workload", "num_results")),
+)
+
+
+def _get(doc: dict[str, Any], path: tuple[str, ...]) -> Any:
+    value: Any = doc
+    for key in path:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
+def differences(base: dict[str, Any], run: dict[str, Any]) -> list[str]:
+    """How ``run`` differs from ``base`` in mode or workload (empty: a speed-up between them means
+    something). Open-loop runs must also offer the same rate, unless both are SLO searches (then the
+    max rate is the result being compared)."""
+    out = []
+    for label, path in _LIKE_FOR_LIKE:
+        a, b = _get(base, path), _get(run, path)
+        if path == ("concurrency",) and base.get("mode") != "closed":
+            continue
+        if a != b:
+            out.append(f"{label} {a!r} vs {b!r}")
+    if (base.get("mode") == run.get("mode") == "open" and not (base.get("slo") and run.get("slo"))
+            and base.get("target_rate") != run.get("target_rate")):
+        out.append(f"offered rate {base.get('target_rate')} vs {run.get('target_rate')} q/s")
+    return out
 
 
 def _block(doc: dict[str, Any], row: str) -> dict[str, Any]:
@@ -75,11 +111,19 @@ def _describe(doc: dict[str, Any]) -> dict[str, str]:
     }
 
 
-def markdown(runs: Sequence[tuple[str, dict[str, Any]]], charts: Sequence[str] = ()) -> str:
-    """The report: what was compared, a latency table with speed-ups, and one verdict line per run."""
+def markdown(runs: Sequence[tuple[str, dict[str, Any]]], charts: Sequence[str] = (),
+             unlike: Sequence[str] = ()) -> str:
+    """The report: what was compared, a latency table with speed-ups, and one verdict line per run.
+
+    ``unlike`` lists how the runs differ in mode or workload (``--force`` compared them anyway); the
+    report then says so above the speed-ups.
+    """
     labels = [label for label, _ in runs]
     base_label, base = runs[0]
     out = ["# recpipe latency report", ""]
+    if unlike:
+        out += ["**Warning: these runs differ in mode or workload, so the speed-ups compare unlike things "
+                "(compared anyway with --force):** " + "; ".join(unlike), ""]
     out += ["| | " + " | ".join(labels) + " |", "|---|" + "---|" * len(runs)]
     described = [_describe(doc) for _, doc in runs]
     for key in described[0]:
@@ -96,8 +140,9 @@ def markdown(runs: Sequence[tuple[str, dict[str, Any]]], charts: Sequence[str] =
         for _, doc in runs[1:]:
             for key in ("p50_us", "p99_us"):
                 cells.append(_x(speedup(_block(base, row)[key], _block(doc, row)[key])))
-        name = "**end to end**" if row == "end_to_end" else row
+        name = "**end to end** (client)" if row == "end_to_end" else row
         out.append(f"| {name} | " + " | ".join(cells) + " |")
+    out += ["", *split_table(runs)]
     if len(runs) > 1:
         out.append("")
         for label, doc in runs[1:]:
@@ -107,3 +152,26 @@ def markdown(runs: Sequence[tuple[str, dict[str, Any]]], charts: Sequence[str] =
         out.append("")
         out += [f"![{c}]({c})" for c in charts]
     return "\n".join(out) + "\n"
+
+
+def split_table(runs: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
+    """Queue vs compute per stage (p50, ms) and the mean batch size, for runs whose stages report them."""
+    def reported(doc: dict[str, Any], stage: str) -> bool:
+        return bool(((doc["stages"][stage].get("batch_size") or {}).get("count") or 0) > 0)
+
+    if not any(reported(doc, s) for _, doc in runs for s in STAGES):
+        return ["Queue/compute split: no run reports it (its stages send StageTiming.queue_us/compute_us = 0)."]
+    labels = [label for label, _ in runs]
+    out = ["Server time split by each stage's batcher (p50, ms; batch = mean requests per core call):", "",
+           "| stage | " + " | ".join(f"{lb} queue p50 | {lb} compute p50 | {lb} batch" for lb in labels) + " |",
+           "|---" * (1 + 3 * len(runs)) + "|"]
+    for stage in STAGES:
+        cells = []
+        for _, doc in runs:
+            if reported(doc, stage):
+                b = doc["stages"][stage]
+                cells += [_ms(b["queue"]["p50_us"]), _ms(b["compute"]["p50_us"]), f"{b['batch_size']['mean']:.2f}"]
+            else:
+                cells += ["-", "-", "-"]
+        out.append(f"| {stage} | " + " | ".join(cells) + " |")
+    return out

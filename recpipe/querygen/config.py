@@ -6,13 +6,17 @@ import math
 from dataclasses import dataclass
 
 from recpipe.errors import UsageError
-from recpipe.querygen.workload import CandidateSpec, UserSpec
+from recpipe.querygen.workload import ArrivalIntervals, CandidateSpec, UserSpec
 
 MODES = ("sequential", "open", "closed")
 #: the user-id range used when neither the gateway nor --num-users says
 DEFAULT_NUM_USERS = 1000
 DEFAULT_DURATION_S = 10.0
 DEFAULT_SLO_STEP_S = 5.0
+#: --stability-percent: windows tried before giving up (perf_analyzer's --max-trials default)
+DEFAULT_MAX_WINDOWS = 10
+#: --stability-percent: how many of the last windows must agree
+STABLE_WINDOWS = 3
 
 
 @dataclass(frozen=True)
@@ -37,14 +41,25 @@ class QuerygenConfig:
     features: str | None = None
     retrieval: str | None = None
     ranking: str | None = None
+    arrivals: ArrivalIntervals | None = None
+    stability_percent: float | None = None
+    stability_percentile: float = 99.0
+    max_windows: int = DEFAULT_MAX_WINDOWS
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise UsageError(f"unknown --mode {self.mode!r}; choose one of {', '.join(MODES)}")
         if self.rate is not None and not (self.rate > 0 and math.isfinite(self.rate)):
             raise UsageError(f"--rate must be > 0 queries/s, got {self.rate}")
-        if self.mode == "open" and self.rate is None:
-            raise UsageError("--mode open needs --rate QPS")
+        if self.arrivals is not None:
+            if self.mode != "open":
+                raise UsageError("--arrivals-file replays open-loop arrivals: use it with --mode open")
+            if self.rate is not None:
+                raise UsageError("give --rate or --arrivals-file, not both (the file sets the rate)")
+            if self.slo_p99_ms is not None:
+                raise UsageError("--slo-p99-ms searches rates: it cannot replay --arrivals-file")
+        elif self.mode == "open" and self.rate is None:
+            raise UsageError("--mode open needs --rate QPS (or --arrivals-file)")
         if self.mode != "open" and self.rate is not None:
             raise UsageError(f"--rate applies to --mode open only (mode is {self.mode})")
         if self.concurrency < 1:
@@ -72,6 +87,15 @@ class QuerygenConfig:
                 raise UsageError(f"--slo-p99-ms must be > 0, got {self.slo_p99_ms}")
             if self.queries is not None:
                 raise UsageError("--slo-p99-ms runs fixed-duration steps: use --duration, not --queries")
+        if self.stability_percent is not None:
+            if not (self.stability_percent > 0 and math.isfinite(self.stability_percent)):
+                raise UsageError(f"--stability-percent must be > 0, got {self.stability_percent:g}")
+            if self.slo_p99_ms is not None:
+                raise UsageError("--stability-percent measures one load: not with --slo-p99-ms")
+        if not 0 < self.stability_percentile < 100:
+            raise UsageError(f"--stability-percentile must be in (0, 100), got {self.stability_percentile:g}")
+        if self.max_windows < STABLE_WINDOWS:
+            raise UsageError(f"--max-windows must be >= {STABLE_WINDOWS}, got {self.max_windows}")
         if not self.timeout > 0:
             raise UsageError(f"--timeout must be > 0 seconds, got {self.timeout}")
         if self.per_component:
@@ -93,5 +117,7 @@ class QuerygenConfig:
         if self.duration is not None:
             return self.duration
         if self.queries is not None:
+            if self.mode == "open" and self.arrivals is not None:
+                return self.queries / self.arrivals.mean_rate
             return self.queries / self.rate if self.mode == "open" and self.rate else None
         return DEFAULT_SLO_STEP_S if self.slo_p99_ms is not None else DEFAULT_DURATION_S

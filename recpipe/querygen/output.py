@@ -8,8 +8,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from recpipe.config import STAGES
 from recpipe.errors import UsageError
+from recpipe.filemodes import file_mode
 
 FORMAT = "recpipe.querygen.run"
 SUPPORTED_VERSIONS = (1,)
@@ -30,6 +30,7 @@ def write_atomic(path: str | Path, data: bytes, force: bool) -> Path:
     p = check_writable(path, force)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     try:
+        os.fchmod(fd, file_mode())  # mkstemp's 0600 -> what any other tool would write
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -65,36 +66,8 @@ def load_run(path: str | Path) -> dict[str, Any]:
     return doc
 
 
-def _ms(us: float) -> str:
-    return f"{us / 1000:.2f}"
-
-
 def summary_text(doc: dict[str, Any]) -> str:
-    """A short fixed-width table: per stage observed p50/p99/p99.9/max and server p50, then end to end."""
-    lines = []
-    head = f"mode {doc['mode']}"
-    if doc.get("per_component"):
-        head += " (per component)"
-    if doc.get("target_rate"):
-        head += f", target {doc['target_rate']:.1f} q/s"
-    head += f", achieved {doc['achieved_rate']:.1f} q/s, {doc['queries']} queries, {doc['errors']} errors"
-    if doc.get("errors_by_code"):
-        head += " " + ", ".join(f"{k}={v}" for k, v in doc["errors_by_code"].items())
-    lines.append(head)
-    lines.append(f"{'ms':<16}{'p50':>9}{'p90':>9}{'p99':>9}{'p99.9':>9}{'max':>9}{'server p50':>12}")
-    for stage in STAGES:
-        s = doc["stages"][stage]
-        lines.append(f"{stage:<16}{_ms(s['p50_us']):>9}{_ms(s['p90_us']):>9}{_ms(s['p99_us']):>9}"
-                     f"{_ms(s['p999_us']):>9}{_ms(s['max_us']):>9}{_ms(s['server']['p50_us']):>12}")
-    e = doc["end_to_end"]
-    lines.append(f"{'end to end':<16}{_ms(e['p50_us']):>9}{_ms(e['p90_us']):>9}{_ms(e['p99_us']):>9}"
-                 f"{_ms(e['p999_us']):>9}{_ms(e['max_us']):>9}{'':>12}")
-    if doc["mode"] == "open":
-        lag = doc["send_lag"]
-        lines.append(f"send lag: p50 {_ms(lag['p50_us'])} ms, p99 {_ms(lag['p99_us'])} ms, "
-                     f"max {_ms(lag['max_us'])} ms")
-    slo = doc.get("slo")
-    if slo:
-        best = "none" if slo["max_rate"] is None else f"{slo['max_rate']:.1f} q/s"
-        lines.append(f"SLO p99 <= {slo['slo_p99_ms']:g} ms: max rate {best} ({len(slo['curve'])} steps)")
-    return "\n".join(lines)
+    """The per-stage table printed after a run (see ``recpipe.querygen.table``)."""
+    from recpipe.querygen.table import run_table
+
+    return run_table(doc)

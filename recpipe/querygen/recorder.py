@@ -18,8 +18,14 @@ import numpy as np
 from recpipe.config import STAGES, TOTAL_STAGE
 from recpipe.querygen.histogram import LatencyHistogram
 
-#: (stage, server_us, observed_us) as carried by StageTiming
-Timing = tuple[str, int, int]
+#: a query sent later than this after its scheduled instant counts as sent late (perf_analyzer reports
+#: the same share for its own request schedule)
+LATE_US = 1000.0
+
+#: (stage, server_us, observed_us[, queue_us, compute_us, batch_size]) as carried by StageTiming; the
+#: last three are the stage batcher's split of server_us (perf_analyzer's queue/compute) and count only
+#: when batch_size > 0, i.e. when the stage reports them (older stages send zeros)
+Timing = tuple[int | str, ...]
 
 
 @dataclass
@@ -31,6 +37,9 @@ class Recorder:
     lag_us: list[float] = field(default_factory=list)
     server_us: dict[str, list[float]] = field(default_factory=dict)
     observed_us: dict[str, list[float]] = field(default_factory=dict)
+    queue_us: dict[str, list[float]] = field(default_factory=dict)
+    compute_us: dict[str, list[float]] = field(default_factory=dict)
+    batch_sizes: dict[str, list[int]] = field(default_factory=dict)
     errors: Counter[str] = field(default_factory=Counter)
     warmup_queries: int = 0
     first_scheduled: float | None = None
@@ -53,9 +62,14 @@ class Recorder:
         if not self._measured(scheduled, sent, done):
             return
         self.e2e_us.append((done - scheduled) * 1e6)
-        for stage, server, observed in timings:
-            self.server_us.setdefault(stage, []).append(server)
-            self.observed_us.setdefault(stage, []).append(observed)
+        for t in timings:
+            stage = str(t[0])
+            self.server_us.setdefault(stage, []).append(float(t[1]))
+            self.observed_us.setdefault(stage, []).append(float(t[2]))
+            if len(t) >= 6 and int(t[5]) > 0:
+                self.queue_us.setdefault(stage, []).append(float(t[3]))
+                self.compute_us.setdefault(stage, []).append(float(t[4]))
+                self.batch_sizes.setdefault(stage, []).append(int(t[5]))
 
     def error(self, scheduled: float, sent: float, done: float, code: str) -> None:
         if self._measured(scheduled, sent, done):
@@ -72,7 +86,9 @@ class Recorder:
                 h.record_many_us(values)
             return h
 
-        stages = {s: StageHistograms(hist(self.observed_us.get(s, [])), hist(self.server_us.get(s, [])))
+        stages = {s: StageHistograms(hist(self.observed_us.get(s, [])), hist(self.server_us.get(s, [])),
+                                     hist(self.queue_us.get(s, [])), hist(self.compute_us.get(s, [])),
+                                     list(self.batch_sizes.get(s, [])))
                   for s in (*STAGES, TOTAL_STAGE)}
         return Measurement(
             end_to_end=hist(self.e2e_us),
@@ -83,15 +99,32 @@ class Recorder:
             warmup_queries=self.warmup_queries,
             first_scheduled=self.first_scheduled,
             last_done=self.last_done,
+            late_sends=sum(1 for v in self.lag_us if v > LATE_US),
         )
 
 
 @dataclass
 class StageHistograms:
-    """One stage: the time its caller observed (network and (de)serialisation included) and server time."""
+    """One stage: the time its caller observed (network and (de)serialisation included), server time,
+    and, where the stage reports them, its queue and compute time and the batch sizes it ran in."""
 
     observed: LatencyHistogram
     server: LatencyHistogram
+    queue: LatencyHistogram = field(default_factory=LatencyHistogram)
+    compute: LatencyHistogram = field(default_factory=LatencyHistogram)
+    batch_sizes: list[int] = field(default_factory=list)
+
+    def add(self, other: StageHistograms) -> None:
+        self.observed.add(other.observed)
+        self.server.add(other.server)
+        self.queue.add(other.queue)
+        self.compute.add(other.compute)
+        self.batch_sizes.extend(other.batch_sizes)
+
+    def batch_summary(self) -> dict[str, float | int]:
+        """``{count, mean, max}`` of the batch sizes (count 0: the stage reported none)."""
+        b = self.batch_sizes
+        return {"count": len(b), "mean": round(sum(b) / len(b), 2) if b else 0.0, "max": max(b) if b else 0}
 
 
 @dataclass
@@ -104,6 +137,7 @@ class Measurement:
     warmup_queries: int
     first_scheduled: float | None
     last_done: float | None
+    late_sends: int = 0
 
     @property
     def queries(self) -> int:
@@ -112,3 +146,23 @@ class Measurement:
     @property
     def error_count(self) -> int:
         return sum(self.errors.values())
+
+
+def merge(parts: list[Measurement]) -> Measurement:
+    """One measurement holding every sample of ``parts`` (e.g. the agreeing windows of a stability run)."""
+    first = parts[0]
+    out = Measurement(end_to_end=LatencyHistogram(), send_lag=LatencyHistogram(),
+                      stages={s: StageHistograms(LatencyHistogram(), LatencyHistogram()) for s in first.stages},
+                      ok=0, errors={}, warmup_queries=0, first_scheduled=first.first_scheduled,
+                      last_done=first.last_done)
+    for m in parts:
+        out.end_to_end.add(m.end_to_end)
+        out.send_lag.add(m.send_lag)
+        for name, h in m.stages.items():
+            out.stages[name].add(h)
+        out.ok += m.ok
+        for code, n in m.errors.items():
+            out.errors[code] = out.errors.get(code, 0) + n
+        out.warmup_queries += m.warmup_queries
+        out.late_sends += m.late_sends
+    return out

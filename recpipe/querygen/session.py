@@ -14,10 +14,10 @@ from recpipe import __version__
 from recpipe.config import STAGES, TOTAL_STAGE
 from recpipe.errors import UsageError
 from recpipe.querygen import clients, loops, platform_info
-from recpipe.querygen.config import DEFAULT_NUM_USERS, QuerygenConfig
+from recpipe.querygen.config import DEFAULT_NUM_USERS, STABLE_WINDOWS, QuerygenConfig
 from recpipe.querygen.output import FORMAT
 from recpipe.querygen.progress import Progress
-from recpipe.querygen.recorder import Measurement, Recorder
+from recpipe.querygen.recorder import Measurement, Recorder, merge
 from recpipe.querygen.slo import SloSearch, SloStep, find_max_rate
 from recpipe.querygen.workload import QueryStream, UserSpec, open_schedule
 
@@ -69,8 +69,12 @@ def summarise(m: Measurement) -> dict[str, Any]:
     stages = {}
     for stage in STAGES:
         h = m.stages[stage]
-        stages[stage] = {**h.observed.summary(), "server": h.server.summary()}
+        stages[stage] = {**h.observed.summary(), "server": h.server.summary(), "queue": h.queue.summary(),
+                         "compute": h.compute.summary(), "batch_size": h.batch_summary()}
     total = m.stages[TOTAL_STAGE]
+    lag = m.send_lag.summary()
+    lag["late_over_1ms"] = m.late_sends
+    lag["late_share"] = round(m.late_sends / lag["count"], 6) if lag["count"] else 0.0
     return {
         "queries": m.queries,
         "ok": m.ok,
@@ -80,7 +84,7 @@ def summarise(m: Measurement) -> dict[str, Any]:
         "end_to_end": {**m.end_to_end.summary(), "cdf": m.end_to_end.cdf()},
         "pipeline_total": {**total.observed.summary(), "server": total.server.summary()},
         "stages": stages,
-        "send_lag": m.send_lag.summary(),
+        "send_lag": lag,
     }
 
 
@@ -120,7 +124,7 @@ class Session:
         queries = QueryStream(users, cfg.candidates, cfg.seed)
         if cfg.per_component:
             self.send = clients.component_send(chans["features"], chans["retrieval"], chans["ranking"],
-                                               queries, cfg.num_results, cfg.timeout)
+                                               queries, cfg.num_results, cfg.timeout, targets=targets)
         else:
             self.send = clients.gateway_send(chans["gateway"], queries, cfg.num_results, cfg.timeout)
 
@@ -158,22 +162,70 @@ class Session:
         for ch in self.channels:
             await ch.close(None)
 
-    async def measure(self, rate: float | None, label: str = "") -> tuple[Measurement, Recorder, float | None]:
-        """One run of the configured mode (at ``rate`` for open loop)."""
+    async def measure(self, rate: float | None, label: str = "", warmup: float | None = None,
+                      window: int = 0) -> tuple[Measurement, Recorder, float | None]:
+        """One run of the configured mode (at ``rate`` for open loop). ``warmup`` overrides the
+        configured warm-up (later stability windows need none); ``window`` varies the open loop's seed."""
         cfg = self.config
         assert self.send is not None, "open() first"
-        progress = Progress(self.stream, label)
+        warm = cfg.warmup if warmup is None else warmup
         planned = cfg.measured_duration
+        total_queries = cfg.queries if cfg.mode != "open" else None
+        progress = Progress(self.stream, label, total_s=(planned or 0) + warm if not total_queries else None,
+                            total_queries=total_queries)
         if cfg.mode == "open":
-            assert rate is not None and planned is not None
-            arrivals = open_schedule(rate, cfg.warmup, planned, cfg.seed)
-            rec = await loops.run_open(self.send, arrivals.tolist(), cfg.warmup, progress)
+            if cfg.arrivals is not None:
+                arrivals = cfg.arrivals.schedule(warm, None if cfg.queries else planned, cfg.queries)
+            else:
+                assert rate is not None and planned is not None
+                arrivals = open_schedule(rate, warm, planned, cfg.seed + window)
+            rec = await loops.run_open(self.send, arrivals.tolist(), warm, progress)
         else:
             concurrency = cfg.concurrency if cfg.mode == "closed" else 1
             duration = None if cfg.queries is not None else planned
-            rec = await loops.run_closed(self.send, concurrency, cfg.warmup, duration, cfg.queries, progress)
+            rec = await loops.run_closed(self.send, concurrency, warm, duration, cfg.queries, progress)
             planned = None
         return rec.finish(), rec, planned
+
+
+def agree(values: list[float], percent: float) -> bool:
+    """Each value within ``percent`` % of their mean (perf_analyzer's stability test, on one percentile)."""
+    mean = sum(values) / len(values)
+    if mean <= 0:
+        return all(v == 0 for v in values)
+    return all(abs(v - mean) / mean * 100 <= percent for v in values)
+
+
+async def measure_until_stable(session: Session, rate: float | None) -> tuple[Measurement, float, dict[str, Any]]:
+    """Repeat measurement windows until the last ``STABLE_WINDOWS`` agree within
+    ``--stability-percent`` on the chosen end-to-end percentile, or ``--max-windows`` have run; the
+    result merges the last ``STABLE_WINDOWS`` windows. Returns (measurement, achieved rate, report)."""
+    cfg = session.config
+    assert cfg.stability_percent is not None
+    tell = Progress(session.stream)
+    pct = cfg.stability_percentile
+    windows: list[dict[str, Any]] = []
+    parts: list[tuple[Measurement, float]] = []
+    stable = False
+    for k in range(cfg.max_windows):
+        m, rec, planned = await session.measure(
+            rate, f"window {k + 1} of at most {cfg.max_windows}", warmup=cfg.warmup if k == 0 else 0.0, window=k)
+        achieved = achieved_rate(m, rec.measure_from, planned)
+        value = m.end_to_end.percentile_us(pct)
+        windows.append({"window": k + 1, "queries": m.queries, "errors": m.error_count,
+                        "achieved_rate": round(achieved, 3), "value_us": value,
+                        "p50_us": m.end_to_end.percentile_us(50), "p99_us": m.end_to_end.percentile_us(99)})
+        parts.append((m, achieved))
+        tell.say(f"window {k + 1}: p{pct:g} {value / 1000:.2f} ms, {achieved:.1f} q/s")
+        if len(parts) >= STABLE_WINDOWS and agree([w["value_us"] for w in windows[-STABLE_WINDOWS:]],
+                                                  cfg.stability_percent):
+            stable = True
+            break
+    last = parts[-STABLE_WINDOWS:]
+    merged = merge([p[0] for p in last])
+    report = {"percent": cfg.stability_percent, "percentile": pct, "max_windows": cfg.max_windows,
+              "stable": stable, "merged_windows": len(last), "windows": windows}
+    return merged, sum(a for _, a in last) / len(last), report
 
 
 def _describe(config: QuerygenConfig, session: Session) -> dict[str, Any]:
@@ -189,6 +241,7 @@ def _describe(config: QuerygenConfig, session: Session) -> dict[str, Any]:
         "duration_s": config.measured_duration if config.queries is None or config.mode == "open" else None,
         "queries_requested": config.queries,
         "timeout_s": config.timeout,
+        "arrivals": config.arrivals.describe() if config.arrivals is not None else None,
     }
 
 
@@ -199,6 +252,7 @@ async def execute(config: QuerygenConfig, stream: TextIO | None = None) -> dict[
     try:
         await session.open()
         slo_json: dict[str, Any] | None = None
+        stability: dict[str, Any] | None = None
         rate: float | None
         if config.slo_p99_ms is not None:
             assert config.rate is not None
@@ -208,21 +262,33 @@ async def execute(config: QuerygenConfig, stream: TextIO | None = None) -> dict[
                                min_rate=MIN_STEP_QUERIES / step_s if step_s else 0.5)
             best: dict[float, tuple[Measurement, float]] = {}
 
+            tell = Progress(session.stream)
+
             async def step(rate: float) -> SloStep:
-                m, rec, planned = await session.measure(rate, f"{rate:.1f} q/s")
+                k = len(best) + 1
+                m, rec, planned = await session.measure(
+                    rate, f"SLO step {k} of at most {search.max_steps}, {rate:.1f} q/s")
                 achieved = achieved_rate(m, rec.measure_from, planned)
                 best[rate] = (m, achieved)
-                return SloStep(rate, round(achieved, 3), m.end_to_end.percentile_us(50),
-                               m.end_to_end.percentile_us(99), m.end_to_end.percentile_us(99.9),
-                               m.queries, m.error_count)
+                s = SloStep(rate, round(achieved, 3), m.end_to_end.percentile_us(50),
+                            m.end_to_end.percentile_us(99), m.end_to_end.percentile_us(99.9),
+                            m.queries, m.error_count)
+                ok = s.meets(search.slo_p99_us, search.max_error_fraction, search.min_rate_fraction)
+                tell.say(f"SLO step {k} of at most {search.max_steps}: {rate:.1f} q/s offered, "
+                         f"{achieved:.1f} achieved, p99 {s.p99_us / 1000:.2f} ms -> "
+                         f"{'meets' if ok else 'misses'} p99 <= {config.slo_p99_ms:g} ms")
+                return s
 
             result = await find_max_rate(search, step)
             slo_json = result.to_json(search, step_s)
             # The headline numbers are those of the best passing step (else the lowest rate tried).
             rate = result.max_rate if result.max_rate is not None else min(best)
             m, achieved = best[rate]
+        elif config.stability_percent is not None:
+            rate = config.rate if config.arrivals is None else config.arrivals.mean_rate
+            m, achieved, stability = await measure_until_stable(session, rate)
         else:
-            rate = config.rate
+            rate = config.rate if config.arrivals is None else config.arrivals.mean_rate
             m, rec, planned = await session.measure(rate)
             achieved = achieved_rate(m, rec.measure_from, planned)
         await session.refresh_info()
@@ -251,6 +317,8 @@ async def execute(config: QuerygenConfig, stream: TextIO | None = None) -> dict[
     }
     if slo_json is not None:
         doc["slo"] = slo_json
+    if stability is not None:
+        doc["stability"] = stability
     warnings: list[str] = doc["warnings"]
     if config.mode == "open" and doc["send_lag"]["p99_us"] > LAG_WARN_US:
         warnings.append(
@@ -263,6 +331,12 @@ async def execute(config: QuerygenConfig, stream: TextIO | None = None) -> dict[
         warnings.append(f"no rate met p99 <= {config.slo_p99_ms:g} ms down to "
                         f"{min(c['target_rate'] for c in slo_json['curve']):.2f} q/s (steps under "
                         f"{MIN_STEP_QUERIES} queries are not tried: a longer --duration reaches lower rates)")
+    if stability is not None and not stability["stable"]:
+        warnings.append(f"not stable: the last {STABLE_WINDOWS} of {len(stability['windows'])} windows disagree by "
+                        f"more than {config.stability_percent:g}% on p{config.stability_percentile:g}; the "
+                        "numbers merge them anyway (longer windows or more --max-windows may settle it)")
+    if config.mode == "open" and doc["send_lag"]["late_share"] > 0.01:
+        warnings.append(f"{doc['send_lag']['late_share'] * 100:.1f}% of queries were sent more than 1 ms late")
     if m.error_count:
         warnings.append(f"{m.error_count} of {m.queries} queries failed: {doc['errors_by_code']}")
     if doc["workload"]["num_users_source"].startswith("default"):

@@ -48,6 +48,8 @@ from recpipe.v1 import (
 _USER_DENSE = 8
 _ITEM_DENSE = 4
 _SPIN_S = 0.0015
+#: how much slower the slow blocks of ``alternate_every`` are
+SLOW_FACTOR = 4.0
 
 
 @dataclass(frozen=True)
@@ -64,12 +66,18 @@ class TestServerConfig:
     #: serve one query at a time (like a single-threaded CPU stage): capacity 1 / sum(delays), and a
     #: queue -- and a tail -- forms as the offered rate approaches it
     serial: bool = False
+    #: per-stage seconds each request waits "queued" before its delay (reported as queue_us, the delay
+    #: as compute_us, batch_size 1), so the queue/compute split can be checked end to end
+    queue_delays: Mapping[str, float] = field(default_factory=dict)
+    #: > 0: Recommend calls come in blocks of this many, alternately at the configured delays and at
+    #: ``SLOW_FACTOR`` times them (a server whose latency never settles, for the stability loop)
+    alternate_every: int = 0
 
     def __post_init__(self) -> None:
-        unknown = set(self.delays) - set(STAGES)
+        unknown = (set(self.delays) | set(self.queue_delays)) - set(STAGES)
         if unknown:
             raise UsageError(f"unknown stage(s) {sorted(unknown)}; stages are {', '.join(STAGES)}")
-        if any(d < 0 for d in self.delays.values()):
+        if any(d < 0 for d in (*self.delays.values(), *self.queue_delays.values())):
             raise UsageError("stage delays must be >= 0")
 
 
@@ -87,27 +95,44 @@ class _Servicer(
         self._user_sparse = codec.encode(np.arange(44, dtype=np.int64))
         self._recent = codec.encode(np.full(4, -1, dtype=np.int64))
         self._lock = asyncio.Lock() if config.serial else None
+        self._calls = 0
 
-    async def _stage(self, stage: str) -> int:
-        """Spend exactly the stage's delay; returns the microseconds spent."""
+    @staticmethod
+    async def _spend(seconds: float) -> None:
         t0 = time.perf_counter()
-        delay = self.config.delays.get(stage, 0.0)
-        if delay > 0:
+        if seconds > 0:
             # A loaded machine wakes sleepers up to a millisecond or more late; the reference must not,
             # so it sleeps most of the delay and spins the rest.
-            await loops.sleep_until(t0 + delay - _SPIN_S)
-            while time.perf_counter() < t0 + delay:
+            await loops.sleep_until(t0 + seconds - _SPIN_S)
+            while time.perf_counter() < t0 + seconds:
                 pass
-        return int((time.perf_counter() - t0) * 1e6)
+
+    async def _timed(self, stage: str, factor: float = 1.0) -> tuple[int, int, int]:
+        """Spend the stage's queue delay, then its delay: ``(server_us, queue_us, compute_us)``."""
+        t0 = time.perf_counter()
+        await self._spend(self.config.queue_delays.get(stage, 0.0) * factor)
+        t1 = time.perf_counter()
+        await self._spend(self.config.delays.get(stage, 0.0) * factor)
+        t2 = time.perf_counter()
+        return int((t2 - t0) * 1e6), int((t1 - t0) * 1e6), int((t2 - t1) * 1e6)
+
+    async def _stage(self, stage: str) -> int:
+        """Spend exactly the stage's delay (and queue delay); returns the microseconds spent."""
+        return (await self._timed(stage))[0]
 
     async def Recommend(self, request, context):  # type: ignore[no-untyped-def]
         t0 = time.perf_counter()
         timings = []
+        every = self.config.alternate_every
+        factor = SLOW_FACTOR if every and (self._calls // every) % 2 else 1.0
+        self._calls += 1
         async with self._lock or contextlib.nullcontext():
             for stage in STAGES:
-                us = await self._stage(stage)
+                us, queue_us, compute_us = await self._timed(stage, factor)
                 # In-process stages: no network hop, so what the "gateway" observes is the server time.
-                timings.append(recommend_pb2.StageTiming(stage=stage, server_us=us, observed_us=us))
+                timings.append(recommend_pb2.StageTiming(stage=stage, server_us=us, observed_us=us,
+                                                         queue_us=queue_us, compute_us=compute_us,
+                                                         batch_size=1))
         k = request.num_candidates or 500
         n = min(request.num_results or 10, k)
         total = int((time.perf_counter() - t0) * 1e6)
@@ -199,6 +224,10 @@ class TestServerProcess:
             argv.append("--serial")
         for stage, seconds in self.config.delays.items():
             argv += ["--delay-ms", f"{stage}={seconds * 1000!r}"]
+        if self.config.alternate_every:
+            argv += ["--alternate-every", str(self.config.alternate_every)]
+        for stage, seconds in self.config.queue_delays.items():
+            argv += ["--queue-ms", f"{stage}={seconds * 1000!r}"]
         self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert self._proc.stdout is not None
         deadline = time.monotonic() + timeout
@@ -282,9 +311,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--stall-every-s", type=float, default=0.0)
     parser.add_argument("--stall-ms", type=float, default=0.0)
     parser.add_argument("--serial", action="store_true")
+    parser.add_argument("--queue-ms", action="append", default=[], metavar="STAGE=MS")
+    parser.add_argument("--alternate-every", type=int, default=0, metavar="N")
     args = parser.parse_args(argv)
     config = TestServerConfig(parse_delays(args.delay_ms), args.num_users, args.stall_every_s,
-                              args.stall_ms / 1000, args.serial)
+                              args.stall_ms / 1000, args.serial, parse_delays(args.queue_ms),
+                              args.alternate_every)
     with contextlib.suppress(KeyboardInterrupt):
         loops.run(_serve_forever(config, args.port))
     return 0

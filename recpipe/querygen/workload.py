@@ -208,3 +208,59 @@ class QueryStream:
         while b >= len(self._user_blocks):
             self._extend()
         return int(self._user_blocks[b][j]), int(self._cand_blocks[b][j])
+
+
+@dataclass(frozen=True)
+class ArrivalIntervals:
+    """Recorded inter-arrival times to replay in order (and again from the start when they run out),
+    like perf_analyzer's ``--request-intervals``."""
+
+    intervals_s: tuple[float, ...]
+    source: str = ""
+
+    @property
+    def mean_rate(self) -> float:
+        """Queries per second the intervals offer on average."""
+        return len(self.intervals_s) / sum(self.intervals_s)
+
+    def schedule(self, warmup: float, duration: float | None, queries: int | None) -> np.ndarray:
+        """Arrival times (s): the warm-up's share, then ``queries`` arrivals or those due in
+        ``duration`` seconds after it; the first arrival is one interval after the start."""
+        gaps = np.asarray(self.intervals_s, dtype=np.float64)
+        # Enough whole passes over the file to cover the run, with one to spare.
+        horizon_n = (queries or 0) + int(self.mean_rate * (warmup + (duration or 0))) + len(gaps)
+        times = np.cumsum(np.resize(gaps, horizon_n + len(gaps)))
+        warm = times[times < warmup]
+        rest = times[times >= warmup]
+        if queries is not None:
+            return np.concatenate([warm, rest[:queries]])
+        assert duration is not None
+        return times[times < warmup + duration]
+
+    def describe(self) -> dict[str, object]:
+        return {"file": self.source, "intervals": len(self.intervals_s), "mean_rate": round(self.mean_rate, 3)}
+
+
+def load_arrivals_file(path: str | Path) -> ArrivalIntervals:
+    """Read inter-arrival times, one per line in microseconds (perf_analyzer's unit); blank lines and
+    ``#`` comments are ignored; every value must be a finite number > 0."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"--arrivals-file: cannot read {p}: {e}") from None
+    out: list[float] = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        body = line.split("#", 1)[0].strip()
+        if not body:
+            continue
+        try:
+            us = float(body)
+        except ValueError:
+            raise UsageError(f"--arrivals-file {p}:{lineno}: not a number of microseconds: {body!r}") from None
+        if not (math.isfinite(us) and us > 0):
+            raise UsageError(f"--arrivals-file {p}:{lineno}: intervals must be > 0 microseconds, got {body}")
+        out.append(us / 1e6)
+    if not out:
+        raise UsageError(f"--arrivals-file {p}: no intervals in it")
+    return ArrivalIntervals(tuple(out), str(p))

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from recpipe import device as devices
-from recpipe.errors import ArtifactMismatch, BadRequest
-from recpipe.ranking.files import DLRM_CONFIG_FILE, DLRM_FILE
-from recpipe.ranking.model import DLRM, DLRMConfig
+from recpipe.errors import ArtifactMismatch
+from recpipe.ranking import artifacts
+from recpipe.ranking.contract import RankingLimits, RankQuery
 from recpipe.ranking.predictor import Predictor
 from recpipe.repository import Repository
-from recpipe.retrieval.core import check_user_features, load_state
 from recpipe.types import ItemFeatures, UserFeatures
+
+#: Candidates per DLRM forward at most when requests are batched (a single request may exceed it).
+CHUNK_ROWS = 4096
 
 
 class RankingCore:
@@ -22,19 +25,18 @@ class RankingCore:
 
     def __init__(self, repo: Repository, dev: torch.device) -> None:
         shapes = repo.section("shapes")
-        cfg = DLRMConfig.from_json(repo.json(DLRM_CONFIG_FILE), str(repo.root / DLRM_CONFIG_FILE))
+        cfg = artifacts.load_config(repo)
         self.user_dense_dim = int(shapes.get("user_dense_dim", -1))
         self.item_dense_dim = int(shapes.get("item_dense_dim", -1))
         n_user_tables = int(shapes.get("user_sparse_dim", -1))
         if (cfg.user_dense_dim, cfg.item_dense_dim) != (self.user_dense_dim, self.item_dense_dim) or n_user_tables < 0 or \
                 cfg.num_tables != n_user_tables + int(shapes.get("item_sparse_dim", -1)):
             raise ArtifactMismatch(
-                f"{repo.root / DLRM_CONFIG_FILE}: DLRM expects {cfg.dense_dim} dense / {cfg.num_tables} sparse inputs, "
+                f"{repo.root / artifacts.DLRM_CONFIG_FILE}: DLRM expects {cfg.dense_dim} dense / {cfg.num_tables} sparse inputs, "
                 f"manifest shapes give {self.user_dense_dim}+{self.item_dense_dim} / "
                 f"{shapes.get('user_sparse_dim')}+{shapes.get('item_sparse_dim')}"
             )
-        model = DLRM(cfg)
-        load_state(repo.file(DLRM_FILE), model)
+        model = artifacts.load_model(repo, cfg)
         self.model_version = repo.version
         self.torch_device = dev
         self.device = devices.describe(dev)
@@ -49,21 +51,38 @@ class RankingCore:
     def load(cls, models_dir: Path, device: str = "auto") -> RankingCore:
         return cls(Repository.open(Path(models_dir)), devices.resolve(device))
 
+    @property
+    def limits(self) -> RankingLimits:
+        return RankingLimits(self.user_dense_dim, self.item_dense_dim, self.user_table_sizes, self.item_table_sizes)
+
     def rank(self, user: UserFeatures, items: ItemFeatures) -> np.ndarray:
-        user_dense, user_sparse = check_user_features(user, self.user_dense_dim, self.user_table_sizes)
-        dense = np.asarray(items.dense)
-        sparse = np.asarray(items.sparse)
-        if dense.ndim != 2 or dense.shape[1] != self.item_dense_dim:
-            raise BadRequest(f"item dense features: expected shape [k, {self.item_dense_dim}], got {list(dense.shape)}")
-        k = dense.shape[0]
-        if sparse.shape != (k, self.item_table_sizes.shape[0]):
-            raise BadRequest(f"item sparse features: expected shape [{k}, {self.item_table_sizes.shape[0]}], "
-                             f"got {list(sparse.shape)}")
-        if np.asarray(items.item_ids).shape != (k,):
-            raise BadRequest(f"item_ids: expected shape [{k}], got {list(np.asarray(items.item_ids).shape)}")
-        if dense.dtype.kind != "f" or not np.isfinite(dense).all():
-            raise BadRequest("item dense features must be finite floats")
-        if sparse.dtype.kind not in "iu" or (sparse < 0).any() or (sparse >= self.item_table_sizes).any():
-            raise BadRequest("item sparse features: ids out of range for their tables")
-        return self.predictor.score_candidates(user_dense, user_sparse, dense.astype(np.float32, copy=False),
-                                               sparse.astype(np.int64, copy=False))
+        """(k,) click probabilities for the user's candidates (the arrays checked by ``RankQuery``)."""
+        return self.rank_batch([RankQuery.checked(user.dense, user.sparse, items.dense, items.sparse, self.limits)])[0]
+
+    def rank_batch(self, queries: Sequence[RankQuery]) -> list[np.ndarray]:
+        """DLRM forwards over every query's candidates, ``CHUNK_ROWS`` candidates at a time at most (the
+        user-side work still done once per query), split back: each (k_i,) float32 equals what the
+        query would get alone. The chunks bound the working set: one forward over 32 x 500 candidates
+        would hold ~150 MB of intermediates and leave the process that much larger for good."""
+        out: list[np.ndarray] = []
+        chunk: list[RankQuery] = []
+        rows = 0
+        for q in queries:
+            if chunk and rows + q.k > CHUNK_ROWS:
+                out.extend(self._forward(chunk))
+                chunk, rows = [], 0
+            chunk.append(q)
+            rows += q.k
+        out.extend(self._forward(chunk))
+        return out
+
+    def _forward(self, queries: Sequence[RankQuery]) -> list[np.ndarray]:
+        counts = [q.k for q in queries]
+        scores = self.predictor.score_batch(
+            np.stack([q.user_dense for q in queries]),
+            np.stack([q.user_sparse for q in queries]),
+            np.concatenate([q.item_dense for q in queries]) if len(queries) > 1 else queries[0].item_dense,
+            np.concatenate([q.item_sparse for q in queries]) if len(queries) > 1 else queries[0].item_sparse,
+            counts,
+        )
+        return np.split(scores, np.cumsum(counts)[:-1])

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from recpipe.errors import ArtifactMismatch
-from recpipe.retrieval.model import FusedEmbedding, mlp
+from recpipe.nn import FusedEmbedding, mlp
 
 
 @dataclass(frozen=True)
@@ -107,13 +107,13 @@ class NaiveSparseArch(nn.Module):
     @classmethod
     def from_fused(cls, fused: SparseArch) -> NaiveSparseArch:
         """Same weights as ``fused``, split into per-table bags (outputs are identical)."""
-        sizes = tuple(int(b) for b in torch.diff(torch.cat([fused.tables.offsets,
-                                                             torch.tensor([fused.tables.weight.shape[0]])])))
+        offsets = fused.tables.offsets.cpu()  # the bags are built on the CPU, then moved with the model
+        sizes = tuple(int(b) for b in torch.diff(torch.cat([offsets, torch.tensor([fused.tables.weight.shape[0]])])))
         naive = cls(sizes, int(fused.tables.weight.shape[1]))
         with torch.no_grad():
             for bag, chunk in zip(naive.bags, torch.split(fused.tables.weight, list(sizes)), strict=True):
                 bag.weight.copy_(chunk)  # type: ignore[operator]
-        return naive
+        return naive.to(fused.tables.weight.device)
 
     def forward(self, sparse: torch.Tensor) -> torch.Tensor:
         return torch.stack([bag(sparse[:, t : t + 1]) for t, bag in enumerate(self.bags)], dim=1)

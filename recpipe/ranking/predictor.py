@@ -49,17 +49,28 @@ class Predictor:
         k = item_dense.shape[0]
         if k == 0:
             return np.zeros(0, np.float32)
+        if factorized and self._split is not None:
+            return self.score_batch(user_dense[None, :], user_sparse[None, :], item_dense, item_sparse, [k])
         with torch.inference_mode():
-            ud = self._t(user_dense, np.float32)
-            us = self._t(user_sparse, np.int64)
-            idn = self._t(item_dense, np.float32)
-            isp = self._t(item_sparse, np.int64)
-            if factorized and self._split is not None:
-                logits = self._split(ud, us, idn, isp)
-            else:
-                dense = torch.cat([ud.expand(k, -1), idn], dim=1)
-                sparse = torch.cat([us.expand(k, -1), isp], dim=1)
-                logits = self.model(dense, sparse)
+            ud, us = self._t(user_dense, np.float32), self._t(user_sparse, np.int64)
+            dense = torch.cat([ud.expand(k, -1), self._t(item_dense, np.float32)], dim=1)
+            sparse = torch.cat([us.expand(k, -1), self._t(item_sparse, np.int64)], dim=1)
+            return torch.sigmoid(self.model(dense, sparse)).float().cpu().numpy()
+
+    def score_batch(
+        self, user_dense: np.ndarray, user_sparse: np.ndarray, item_dense: np.ndarray, item_sparse: np.ndarray,
+        counts: list[int],
+    ) -> np.ndarray:
+        """B users' candidates in one forward: (B, Du), (B, U), (N, Di), (N, I) with N = sum(counts),
+        the first counts[0] items belonging to user 0 and so on -> (N,) float32 probabilities."""
+        if self._split is None:
+            raise RuntimeError("score_batch needs set_user_tables() first")
+        with torch.inference_mode():
+            seg = None
+            if len(counts) > 1:
+                seg = torch.repeat_interleave(torch.arange(len(counts)), torch.as_tensor(counts)).to(self.device)
+            logits = self._split(self._t(user_dense, np.float32), self._t(user_sparse, np.int64),
+                                 self._t(item_dense, np.float32), self._t(item_sparse, np.int64), seg)
             return torch.sigmoid(logits).float().cpu().numpy()
 
 
@@ -122,20 +133,29 @@ class _UserSplit(nn.Module):
         self.u_tab = u_tab
         self.rest = model.over_arch.model[1:]
 
-    def forward(self, ud: torch.Tensor, us: torch.Tensor, idn: torch.Tensor, isp: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, ud: torch.Tensor, us: torch.Tensor, idn: torch.Tensor, isp: torch.Tensor, seg: torch.Tensor | None
+    ) -> torch.Tensor:
+        """ud (B, Du), us (B, U), idn (N, Di), isp (N, I), seg (N,) user index of each item (None when
+        B == 1) -> (N,) logits."""
         m = self.model
         offsets = self.tables.offsets
         weight = self.tables.weight
-        user_vec = m.user_dense_arch(ud[None, :])  # (1, D)
-        user_emb = torch.nn.functional.embedding(us + offsets[: self.u_tab], weight)  # (U, D)
-        u = torch.cat([user_vec, user_emb], dim=0)  # (nu, D)
-        item_vec = m.item_dense_arch(idn)  # (k, D)
-        item_emb = torch.nn.functional.embedding(isp + offsets[self.u_tab :], weight)  # (k, I, D)
-        v = torch.cat([item_vec[:, None, :], item_emb], dim=1)  # (k, ni, D)
-        const = (u @ u.T).flatten().index_select(0, self.const_src)  # (990,)
-        h0 = self.bias + self.w_const @ const + self.w_user_dense @ user_vec[0]  # (H,)
-        vu = (v @ u.T).flatten(1)  # (k, ni*nu)
-        vv = torch.bmm(v, v.transpose(1, 2)).flatten(1)  # (k, ni*ni)
-        x_var = torch.cat([vu, vv], dim=1).index_select(1, self.var_src)  # (k, #var pairs)
-        h = h0 + item_vec @ self.w_item_dense.T + x_var @ self.w_var.T  # (k, H)
+        user_vec = m.user_dense_arch(ud)  # (B, D)
+        user_emb = torch.nn.functional.embedding(us + offsets[: self.u_tab], weight)  # (B, U, D)
+        u = torch.cat([user_vec[:, None, :], user_emb], dim=1)  # (B, nu, D)
+        const = torch.bmm(u, u.transpose(1, 2)).flatten(1).index_select(1, self.const_src)  # (B, 990)
+        h0 = self.bias + const @ self.w_const.T + user_vec @ self.w_user_dense.T  # (B, H)
+        item_vec = m.item_dense_arch(idn)  # (N, D)
+        item_emb = torch.nn.functional.embedding(isp + offsets[self.u_tab :], weight)  # (N, I, D)
+        v = torch.cat([item_vec[:, None, :], item_emb], dim=1)  # (N, ni, D)
+        if seg is None:  # one user: a plain matmul against its vectors, no per-item copy of them
+            vu = (v @ u[0].T).flatten(1)  # (N, ni*nu)
+            h_user = h0
+        else:
+            vu = torch.bmm(v, u.index_select(0, seg).transpose(1, 2)).flatten(1)
+            h_user = h0.index_select(0, seg)
+        vv = torch.bmm(v, v.transpose(1, 2)).flatten(1)  # (N, ni*ni)
+        x_var = torch.cat([vu, vv], dim=1).index_select(1, self.var_src)  # (N, #var pairs)
+        h = h_user + item_vec @ self.w_item_dense.T + x_var @ self.w_var.T  # (N, H)
         return self.rest(h).squeeze(-1)

@@ -1,8 +1,12 @@
-"""RankingService over gRPC: validate, decode, call ``RankingCore``, encode. No model logic here."""
+"""RankingService over gRPC: decode, check (``contract``), batch, call ``RankingCore``, encode.
+
+Concurrent Rank calls share one DLRM forward over all their candidates (``Batcher``).
+"""
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from time import perf_counter_ns
 from typing import Protocol
@@ -11,10 +15,10 @@ import numpy as np
 from grpc import aio
 
 from recpipe import codec, schema
-from recpipe.config import MAX_NUM_CANDIDATES
-from recpipe.errors import BadRequest
+from recpipe.finite import check_finite
+from recpipe.ranking.contract import RankingLimits, RankQuery
+from recpipe.serving.batcher import BatchConfig, Batcher
 from recpipe.serving.stage import CoreStage, StageInfo, check_deadline, elapsed_us
-from recpipe.types import ItemFeatures, UserFeatures
 from recpipe.v1 import ranking_pb2, ranking_pb2_grpc
 
 SERVICE_NAME = ranking_pb2.DESCRIPTOR.services_by_name["RankingService"].full_name
@@ -30,46 +34,52 @@ class RankingCoreLike(Protocol):
     user_dense_dim: int
     item_dense_dim: int
 
-    def rank(self, user: UserFeatures, items: ItemFeatures) -> np.ndarray: ...
+    @property
+    def limits(self) -> RankingLimits: ...
+    def rank_batch(self, queries: Sequence[RankQuery]) -> list[np.ndarray]: ...
 
 
 class RankingStage(CoreStage[RankingCoreLike]):
     name = "ranking"
     service_names = (SERVICE_NAME,)
+    _rank: Batcher[RankQuery, np.ndarray]
 
     def add_to_server(self, server: aio.Server) -> None:
         ranking_pb2_grpc.add_RankingServiceServicer_to_server(self, server)  # type: ignore[arg-type]
+
+    def _start(self, core: RankingCoreLike) -> None:
+        self._rank = self._batcher("Rank", core.rank_batch)
 
     def info(self) -> StageInfo:
         core = self._core
         if core is None:
             return StageInfo(self.name, threads=self._threads, details={"state": "loading"})
-        details = {"user_dense_dim": str(core.user_dense_dim), "item_dense_dim": str(core.item_dense_dim)}
+        details = {"user_dense_dim": str(core.user_dense_dim), "item_dense_dim": str(core.item_dense_dim),
+                   **self.batch_details()}
         return StageInfo(self.name, core.device, core.model_version, self._threads, details)
 
     async def Rank(self, request: ranking_pb2.RankRequest, context: aio.ServicerContext) -> ranking_pb2.RankResponse:
         start = perf_counter_ns()
-        check_deadline(context, self.name)
+        deadline = check_deadline(context, self.name)
         core = self._ready()
-        user_dense = codec.decode(request.user_dense, "user_dense", "float32", (core.user_dense_dim,))
-        user_sparse = codec.decode(request.user_sparse, "user_sparse", "int64", (USER_SPARSE_DIM,))
         item_dense = codec.decode(request.item_dense, "item_dense", "float32", (None, core.item_dense_dim))
-        k = item_dense.shape[0]
-        if not 0 < k <= MAX_NUM_CANDIDATES:
-            raise BadRequest(f"item_dense: expected 1..{MAX_NUM_CANDIDATES} rows, got {k}")
-        item_sparse = codec.decode(request.item_sparse, "item_sparse", "int64", (k, ITEM_SPARSE_DIM))
-        user = UserFeatures(user_id=-1, dense=user_dense, sparse=user_sparse, recent_items=_NO_HISTORY)
-        items = ItemFeatures(item_ids=np.full(k, -1, dtype=np.int64), dense=item_dense, sparse=item_sparse)
-        scores = await self._run(core.rank, user, items)
+        query = RankQuery.checked(
+            codec.decode(request.user_dense, "user_dense", "float32", (core.user_dense_dim,)),
+            codec.decode(request.user_sparse, "user_sparse", "int64", (USER_SPARSE_DIM,)),
+            item_dense,
+            codec.decode(request.item_sparse, "item_sparse", "int64", (item_dense.shape[0], ITEM_SPARSE_DIM)),
+            core.limits,
+        )
+        done = await self._rank.submit(query, deadline)
         return ranking_pb2.RankResponse(
-            scores=codec.encode(scores), server_us=elapsed_us(start), model_version=core.model_version
+            scores=codec.encode(check_finite(done.value, "rank")), server_us=elapsed_us(start), model_version=core.model_version,
+            queue_us=done.queue_us, compute_us=done.compute_us, batch_size=done.batch_size,
         )
 
 
-_NO_HISTORY = np.empty(0, dtype=np.int64)
-
-
-def load_stage(models_dir: Path, *, device: str = "auto", threads: int = 0, workers: int = 0) -> RankingStage:
+def load_stage(
+    models_dir: Path, *, device: str = "auto", threads: int = 0, workers: int = 0, batch: BatchConfig | None = None
+) -> RankingStage:
     """The ranking stage over the real ``RankingCore`` (imported here: it pulls in torch)."""
 
     # Decoded tensors are read-only views over the request bytes; the core only reads them, so torch's
@@ -81,4 +91,4 @@ def load_stage(models_dir: Path, *, device: str = "auto", threads: int = 0, work
 
         return RankingCore.load(models_dir, device=device)
 
-    return RankingStage(loader, workers=workers, threads=threads)
+    return RankingStage(loader, workers=workers, threads=threads, batch=batch)

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from recpipe.errors import ArtifactMismatch
+from recpipe.nn import FusedEmbedding, mlp
 
 
 @dataclass(frozen=True)
@@ -63,33 +64,6 @@ class TwoTowerConfig:
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), sort_keys=True)
-
-
-class FusedEmbedding(nn.Module):
-    """T tables in one (sum(sizes), D) weight; ids (B, T) local per table -> (B, T, D), one lookup."""
-
-    offsets: torch.Tensor
-
-    def __init__(self, table_sizes: tuple[int, ...], dim: int) -> None:
-        super().__init__()
-        offsets = torch.zeros(len(table_sizes), dtype=torch.long)
-        if len(table_sizes) > 1:
-            offsets[1:] = torch.cumsum(torch.tensor(table_sizes[:-1], dtype=torch.long), 0)
-        self.register_buffer("offsets", offsets, persistent=False)
-        self.weight = nn.Parameter(torch.empty(sum(table_sizes), dim))
-        nn.init.normal_(self.weight, std=0.05)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(ids + self.offsets, self.weight)
-
-
-def mlp(dims: list[int], final_activation: bool = True) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for i in range(len(dims) - 1):
-        layers.append(nn.Linear(dims[i], dims[i + 1]))
-        if i < len(dims) - 2 or final_activation:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
 
 
 class Tower(nn.Module):

@@ -13,6 +13,10 @@ import json
 import grpc
 from grpc import aio
 
+from recpipe.config import normalize_target
+
+__all__ = ["CHANNEL_OPTIONS", "make_blocking_channel", "make_channel", "normalize_target"]
+
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 _SERVICE_CONFIG = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
@@ -29,10 +33,11 @@ CHANNEL_OPTIONS: tuple[tuple[str, object], ...] = (
 
 
 def make_channel(target: str) -> aio.Channel:
-    """An asyncio channel to ``target`` (``host:port`` or ``dns:///host:port``), round-robin balanced."""
-    return aio.insecure_channel(target, options=list(CHANNEL_OPTIONS))
+    """An asyncio channel to ``target`` (``host:port``, ``:port`` for 127.0.0.1, or ``dns:///host:port``),
+    round-robin balanced."""
+    return aio.insecure_channel(normalize_target(target), options=list(CHANNEL_OPTIONS))
 
 
 def make_blocking_channel(target: str) -> grpc.Channel:
     """The same as ``make_channel`` for synchronous callers (the CLI client, benchmarks)."""
-    return grpc.insecure_channel(target, options=list(CHANNEL_OPTIONS))
+    return grpc.insecure_channel(normalize_target(target), options=list(CHANNEL_OPTIONS))

@@ -7,10 +7,13 @@ from pathlib import Path
 
 from recpipe.config import DEFAULT_HOST, DEFAULT_PORTS
 from recpipe.errors import UsageError
+from recpipe.serving.batcher import BatchConfig
 
 STAGE_NAMES: tuple[str, ...] = ("features", "retrieval", "ranking", "gateway")
 #: The metrics endpoint of a stage on gRPC port P defaults to P + METRICS_PORT_OFFSET.
 METRICS_PORT_OFFSET = 1000
+#: Recommend calls the gateway works on at once; more are refused with RESOURCE_EXHAUSTED.
+DEFAULT_MAX_IN_FLIGHT = 512
 
 
 @dataclass(frozen=True)
@@ -18,8 +21,10 @@ class StageConfig:
     """Everything one stage process needs.
 
     ``port`` 0 picks a free port; ``metrics_port`` None disables /metrics, 0 picks a free port.
-    ``threads`` 0 leaves the libraries' defaults; ``workers`` 0 runs cores on the event loop, N > 0 on a
-    pool of N threads. ``targets`` (gateway only) maps features/retrieval/ranking to gRPC targets.
+    ``threads`` 0 leaves the libraries' defaults; ``workers`` 0 runs unbatched core calls on the event
+    loop, N > 0 on a pool of N threads (batched calls always run on the batcher's own thread).
+    ``batch`` sets the dynamic batcher of the batched methods; ``max_in_flight`` (gateway) bounds the
+    Recommend calls in progress. ``targets`` (gateway only) maps features/retrieval/ranking to targets.
     """
 
     stage: str
@@ -33,6 +38,8 @@ class StageConfig:
     workers: int = 0
     grace_s: float = 5.0
     targets: dict[str, str] = field(default_factory=dict)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
 
     def __post_init__(self) -> None:
         if self.stage not in STAGE_NAMES:
@@ -44,6 +51,8 @@ class StageConfig:
             raise UsageError("--threads and --workers must be >= 0")
         if self.grace_s < 0:
             raise UsageError("--grace must be >= 0")
+        if self.max_in_flight < 1:
+            raise UsageError(f"--max-in-flight must be >= 1, got {self.max_in_flight}")
         if self.stage == "gateway":
             missing = [s for s in ("features", "retrieval", "ranking") if not self.targets.get(s)]
             if missing:

@@ -1,7 +1,8 @@
 """Run stage servers inside the current process, on an event loop in a background thread.
 
 For tests, benchmarks and notebooks that want real gRPC servers (real sockets, real serialisation)
-without separate processes; ``recpipe serve`` runs one stage per process instead.
+without separate processes; ``recpipe serve`` runs one stage per process instead. The whole chain on
+one of these is ``recpipe.inprocess.start_chain``.
 
     with ServerThread() as st:
         features = st.start(feature_stage)          # -> StageServer, loaded and SERVING
@@ -13,8 +14,6 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Coroutine
-from dataclasses import dataclass
-from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -80,42 +79,3 @@ class ServerThread:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
-
-
-@dataclass(frozen=True)
-class ChainServers:
-    """The four real stages started by ``start_chain``: their servers and addresses."""
-
-    features: StageServer
-    retrieval: StageServer
-    ranking: StageServer
-    gateway: StageServer
-
-    @property
-    def targets(self) -> dict[str, str]:
-        return {name: getattr(self, name).address for name in ("gateway", "features", "retrieval", "ranking")}
-
-
-def start_chain(
-    servers: ServerThread,
-    models_dir: Path,
-    data_dir: Path,
-    *,
-    host: str = DEFAULT_HOST,
-    device: str = "cpu",
-    workers: int = 0,
-    metrics: bool = False,
-) -> ChainServers:
-    """Start the real feature, retrieval and ranking stages and a gateway over them, all on free ports
-    of ``host``, loaded and SERVING, on ``servers``' loop."""
-    from recpipe.features.servicer import load_stage as features
-    from recpipe.gateway.servicer import GatewayStage
-    from recpipe.ranking.servicer import load_stage as ranking
-    from recpipe.retrieval.servicer import load_stage as retrieval
-
-    mport = 0 if metrics else None
-    f = servers.start(features(models_dir, data_dir, workers=workers), host=host, metrics_port=mport)
-    r = servers.start(retrieval(models_dir, device=device, workers=workers), host=host, metrics_port=mport)
-    k = servers.start(ranking(models_dir, device=device, workers=workers), host=host, metrics_port=mport)
-    g = servers.start(GatewayStage(f.address, r.address, k.address), host=host, metrics_port=mport)
-    return ChainServers(f, r, k, g)

@@ -1,9 +1,14 @@
 """The one server interceptor: domain errors -> gRPC status codes, plus per-RPC metrics.
 
-Every unary-unary handler is wrapped once per method (the wrapper is cached, so a request pays one dict
-lookup, not a handler rebuild). A ``RecpipeError`` escaping a handler becomes its status code from
+Every handler is wrapped once per method (the wrapper is cached, so a request pays one dict lookup, not
+a handler rebuild). A ``RecpipeError`` escaping a unary handler becomes its status code from
 ``recpipe.serving.status``; anything else becomes INTERNAL with a log line carrying the traceback, and
-the process keeps serving. Streaming handlers (health Watch, reflection) pass through untouched.
+the process keeps serving. Status messages are cut to ``MAX_DETAILS`` characters whatever they quote.
+
+Every method, streaming ones included (health Watch, reflection), is registered with a tolerant
+request deserializer (``recpipe.serving.malformed``): bytes that are not the method's message are
+answered INVALID_ARGUMENT "malformed request", counted under that code, and logged at most once per
+interval. Streaming handlers are otherwise passed through untouched.
 """
 
 from __future__ import annotations
@@ -12,27 +17,32 @@ import asyncio
 import inspect
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
 from grpc import aio
 
-from recpipe.errors import RecpipeError
+from recpipe.errors import RecpipeError, clip
+from recpipe.serving import malformed
 from recpipe.serving.metrics import ServerMetrics
 from recpipe.serving.status import code_for
 
 log = logging.getLogger(__name__)
 
-Behavior = Callable[[Any, aio.ServicerContext], Awaitable[Any]]
+#: A handler as grpc.aio calls it (grpc-stubs types them as synchronous, hence the loose type).
+Behavior = Callable[..., Any]
+#: A status message longer than this is cut (the codec already cuts each quoted client value to 200).
+MAX_DETAILS = 1000
 
 
 class ServingInterceptor(aio.ServerInterceptor):
     """Maps errors to status codes and records requests, errors, latency and in-flight per method."""
 
-    def __init__(self, metrics: ServerMetrics) -> None:
+    def __init__(self, metrics: ServerMetrics, malformed_log_every_s: float = malformed.LOG_EVERY_S) -> None:
         self._metrics = metrics
         self._wrapped: dict[str, grpc.RpcMethodHandler] = {}
+        self._malformed_log = malformed.MalformedLog(metrics.stage, malformed_log_every_s)
 
     async def intercept_service(
         self,
@@ -44,19 +54,101 @@ class ServingInterceptor(aio.ServerInterceptor):
         if wrapped is not None:
             return wrapped
         handler = await continuation(handler_call_details)
-        if (
-            handler is None
-            or handler.unary_unary is None
-            or not inspect.iscoroutinefunction(handler.unary_unary)
-        ):
+        if handler is None:
             return handler
-        wrapped = grpc.unary_unary_rpc_method_handler(
-            self._wrap(method.lstrip("/").removeprefix("recpipe.v1."), handler.unary_unary),  # type: ignore[arg-type]
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+        wrapped = self._wrap_handler(method.lstrip("/").removeprefix("recpipe.v1."), handler)
         self._wrapped[method] = wrapped
         return wrapped
+
+    def _wrap_handler(self, name: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        deserialize = malformed.tolerant(handler.request_deserializer)
+        serialize = handler.response_serializer
+        if handler.unary_unary is not None:
+            behavior = handler.unary_unary
+            if inspect.iscoroutinefunction(behavior):
+                behavior = self._wrap(name, behavior)
+            return grpc.unary_unary_rpc_method_handler(
+                self._refuse_malformed(name, behavior), request_deserializer=deserialize, response_serializer=serialize
+            )
+        if not _is_async(handler.unary_stream or handler.stream_unary or handler.stream_stream):
+            return handler  # a synchronous streaming handler (none in recpipe's servers): left as it is
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                self._refuse_malformed(name, handler.unary_stream),
+                request_deserializer=deserialize, response_serializer=serialize,
+            )
+        if handler.stream_unary is not None:
+            return grpc.stream_unary_rpc_method_handler(
+                self._refuse_malformed_stream(name, handler.stream_unary),
+                request_deserializer=deserialize, response_serializer=serialize,
+            )
+        assert handler.stream_stream is not None  # the only kind left
+        return grpc.stream_stream_rpc_method_handler(
+            self._refuse_malformed_stream(name, handler.stream_stream),
+            request_deserializer=deserialize, response_serializer=serialize,
+        )
+
+    async def _answer_malformed(self, name: str, request: malformed.Malformed, context: aio.ServicerContext) -> None:
+        m = self._metrics.method(name)
+        m.requests.inc()
+        self._metrics.error(name, grpc.StatusCode.INVALID_ARGUMENT.name)
+        self._malformed_log.record(name, request)
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, malformed.MESSAGE)
+
+    def _refuse_malformed(self, name: str, behavior: Behavior) -> Behavior:
+        """A unary-request handler that answers a ``Malformed`` request itself."""
+        answer = self._answer_malformed
+        if inspect.isasyncgenfunction(behavior):
+
+            async def stream(request: Any, context: aio.ServicerContext) -> AsyncIterator[Any]:
+                if isinstance(request, malformed.Malformed):
+                    await answer(name, request, context)
+                async for reply in behavior(request, context):
+                    yield reply
+
+            return stream
+        if not inspect.iscoroutinefunction(behavior):
+            # A synchronous handler (the health service's List, which grpcio-health-checking leaves
+            # unimplemented): run on the default executor, as grpc.aio itself does for a server
+            # without a migration thread pool.
+            sync = behavior
+
+            async def unary_sync(request: Any, context: aio.ServicerContext) -> Any:
+                if isinstance(request, malformed.Malformed):
+                    await answer(name, request, context)
+                return await asyncio.get_running_loop().run_in_executor(None, sync, request, context)
+
+            return unary_sync
+
+        async def unary(request: Any, context: aio.ServicerContext) -> Any:
+            if isinstance(request, malformed.Malformed):
+                await answer(name, request, context)
+            return await behavior(request, context)
+
+        return unary
+
+    def _refuse_malformed_stream(self, name: str, behavior: Behavior) -> Behavior:
+        """A streaming-request handler whose request iterator aborts at the first ``Malformed`` message."""
+        answer = self._answer_malformed
+
+        async def checked(requests: AsyncIterator[Any], context: aio.ServicerContext) -> AsyncIterator[Any]:
+            async for request in requests:
+                if isinstance(request, malformed.Malformed):
+                    await answer(name, request, context)
+                yield request
+
+        if inspect.isasyncgenfunction(behavior):
+
+            async def stream(requests: AsyncIterator[Any], context: aio.ServicerContext) -> AsyncIterator[Any]:
+                async for reply in behavior(checked(requests, context), context):
+                    yield reply
+
+            return stream
+
+        async def unary(requests: AsyncIterator[Any], context: aio.ServicerContext) -> Any:
+            return await behavior(checked(requests, context), context)
+
+        return unary
 
     def _wrap(self, name: str, behavior: Behavior) -> Behavior:
         m = self._metrics.method(name)
@@ -71,16 +163,22 @@ class ServingInterceptor(aio.ServerInterceptor):
             except RecpipeError as e:
                 code = code_for(e)
                 metrics.error(name, code.name)
-                await context.abort(code, str(e))
+                await context.abort(code, clip(e, MAX_DETAILS))
             except (asyncio.CancelledError, aio.AbortError):
                 # The client went away, or the handler aborted with its own status: nothing to map.
                 raise
             except Exception as e:
                 log.exception("%s failed", name)
                 metrics.error(name, grpc.StatusCode.INTERNAL.name)
-                await context.abort(grpc.StatusCode.INTERNAL, f"{name}: internal error ({type(e).__name__}: {e})")
+                await context.abort(
+                    grpc.StatusCode.INTERNAL, clip(f"{name}: internal error ({type(e).__name__}: {e})", MAX_DETAILS)
+                )
             finally:
                 m.latency.observe(time.perf_counter() - start)
                 m.in_flight.dec()
 
         return handle
+
+
+def _is_async(behavior: Behavior | None) -> bool:
+    return inspect.iscoroutinefunction(behavior) or inspect.isasyncgenfunction(behavior)

@@ -14,7 +14,6 @@ import os
 import signal
 import sys
 
-from recpipe.serving import threads
 from recpipe.serving.config import StageConfig
 from recpipe.serving.server import StageServer
 from recpipe.serving.stage import Stage
@@ -26,31 +25,9 @@ SUPERVISOR_ENV = "RECPIPE_SUPERVISOR_PID"
 READY_PREFIX = "recpipe-stage-ready"
 
 
-def build_stage(cfg: StageConfig) -> Stage:
-    """The stage named by ``cfg`` (heavy imports happen here, after the thread settings)."""
-    if cfg.stage == "gateway":
-        from recpipe.gateway.servicer import GatewayStage
-
-        return GatewayStage(cfg.targets["features"], cfg.targets["retrieval"], cfg.targets["ranking"])
-    if cfg.stage == "features":
-        threads.configure(cfg.threads)
-        from recpipe.features.servicer import load_stage as features
-
-        return features(cfg.models_dir, cfg.data_dir, threads=cfg.threads or None, workers=cfg.workers)
-    if cfg.stage == "retrieval":
-        threads.configure(cfg.threads, torch=True, faiss=True)
-        from recpipe.retrieval.servicer import load_stage as retrieval
-
-        return retrieval(cfg.models_dir, device=cfg.device, threads=cfg.threads, workers=cfg.workers)
-    threads.configure(cfg.threads, torch=True)
-    from recpipe.ranking.servicer import load_stage as ranking
-
-    return ranking(cfg.models_dir, device=cfg.device, threads=cfg.threads, workers=cfg.workers)
-
-
-async def serve(cfg: StageConfig, stage: Stage | None = None) -> None:
-    """Serve one stage until SIGINT/SIGTERM (or the supervisor's death), then drain and stop."""
-    stage = stage or build_stage(cfg)
+async def serve(cfg: StageConfig, stage: Stage) -> None:
+    """Serve ``stage`` (built from ``cfg`` by ``recpipe.stages.build_stage``) until SIGINT/SIGTERM (or
+    the supervisor's death), then drain and stop."""
     server = await StageServer.start(stage, host=cfg.host, port=cfg.port, metrics_port=cfg.metrics_port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

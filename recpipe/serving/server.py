@@ -7,6 +7,8 @@ state; health SERVING) -> ``stop(grace)`` (health NOT_SERVING, refuse new RPCs, 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 
 from grpc import aio
@@ -89,6 +91,7 @@ class StageServer:
         self.metrics = metrics
         self.metrics_port = metrics_port
         self._stopped = False
+        self._readiness: asyncio.Task[None] | None = None
 
     @property
     def address(self) -> str:
@@ -115,17 +118,30 @@ class StageServer:
         return cls(stage, server, host, bound, health, metrics, mport)
 
     async def load(self) -> None:
-        """Load the stage's state, then report SERVING."""
+        """Load the stage's state, then report SERVING (or, for a stage with a readiness watch such as
+        the gateway, whatever the watch reports from then on)."""
         await self.stage.load()
+        watch = self.stage.readiness()
+        if watch is None:
+            await self._report(True)
+        else:
+            self._readiness = asyncio.create_task(watch(self._report))
+        log.info("%s loaded, answering on %s", self.stage.name, self.address)
+
+    async def _report(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in ("", *self.stage.service_names):
-            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        log.info("%s serving on %s", self.stage.name, self.address)
+            await self.health.set(name, status)
 
     async def stop(self, grace: float | None = 5.0) -> None:
         """Report NOT_SERVING, refuse new RPCs, let in-flight ones finish within ``grace`` seconds."""
         if self._stopped:
             return
         self._stopped = True
+        if self._readiness is not None:
+            self._readiness.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._readiness
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
         await self.stage.close()

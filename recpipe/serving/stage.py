@@ -9,18 +9,24 @@ from __future__ import annotations
 import abc
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from grpc import aio
 
 from recpipe.errors import DeadlineExceeded, StageUnavailable
 from recpipe.serving import threads as thread_settings
+from recpipe.serving.batcher import BatchConfig, Batcher
 
 T = TypeVar("T")
 C = TypeVar("C")
+Q = TypeVar("Q")
+R = TypeVar("R")
+
+#: ``watch(report)`` runs for as long as the server does and calls ``report(serving)`` on every change.
+ReadinessWatch = Callable[[Callable[[bool], Awaitable[None]]], Coroutine[Any, Any, None]]
 
 
 @dataclass(frozen=True)
@@ -55,27 +61,58 @@ class Stage(abc.ABC):
         """Release what ``load`` acquired (channels, executors) after the server stopped."""
         return None
 
+    def readiness(self) -> ReadinessWatch | None:
+        """What decides the health status after ``load``: None (most stages) means SERVING from then
+        on; the gateway returns a watch over the stages it calls (``recpipe.gateway.readiness``)."""
+        return None
+
 
 class CoreStage(Stage, Generic[C]):
     """A stage serving one pure core: ``load`` builds the core from ``loader`` off the event loop.
 
-    Subclasses add the servicer methods and ``info``; ``thread_pool`` names the library whose thread
-    count the stage reports ("torch" or "polars").
+    Subclasses add the servicer methods and ``info``, and create their batchers in ``_start`` (once the
+    core exists) with ``_batcher``; ``thread_pool`` names the library whose thread count the stage
+    reports ("torch" or "polars"). ``workers`` 0 runs core calls inline on the event loop (the cheapest
+    hop); N > 0 runs the batched calls on the batcher's thread and the others on a pool of N threads, so
+    the loop keeps accepting and refusing requests while a core computes.
     """
 
     thread_pool: str = "torch"
 
-    def __init__(self, loader: Callable[[], C], *, workers: int = 0, threads: int = 0) -> None:
+    def __init__(
+        self, loader: Callable[[], C], *, workers: int = 0, threads: int = 0, batch: BatchConfig | None = None
+    ) -> None:
         self._loader = loader
         self._core: C | None = None
         self._run = CoreRunner(workers)
         self._threads = threads
+        self.batch_config = batch or BatchConfig()
+        self._batchers: list[Batcher[Any, Any]] = []
 
     async def load(self) -> None:
-        self._core = await asyncio.to_thread(self._loader)
+        core = await asyncio.to_thread(self._loader)
+        self._start(core)
+        self._core = core
         self._threads = thread_settings.in_use(self.thread_pool) or self._threads
 
+    def _start(self, core: C) -> None:
+        """Create the batchers over the loaded ``core`` (none by default)."""
+
+    def _batcher(self, method: str, fn: Callable[[Sequence[Q]], Sequence[R | BaseException]]) -> Batcher[Q, R]:
+        batcher: Batcher[Q, R] = Batcher(f"{self.name}.{method}", fn, self.batch_config,
+                                         threaded=self._run.threaded)
+        self._batchers.append(batcher)
+        return batcher
+
+    def batch_details(self) -> dict[str, str]:
+        """The batching knobs, for InfoService."""
+        c = self.batch_config
+        return {"max_batch": str(c.max_batch), "max_queue_delay_us": str(c.max_queue_delay_us),
+                "max_queue": str(c.max_queue)}
+
     async def close(self) -> None:
+        for batcher in self._batchers:
+            await batcher.close()
         self._run.close()
 
     def _ready(self) -> C:
@@ -96,6 +133,10 @@ class CoreRunner:
     def __init__(self, workers: int) -> None:
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="core") if workers > 0 else None
 
+    @property
+    def threaded(self) -> bool:
+        return self._executor is not None
+
     async def __call__(self, fn: Callable[..., T], *args: object) -> T:
         if self._executor is None:
             return fn(*args)
@@ -106,11 +147,15 @@ class CoreRunner:
             self._executor.shutdown(wait=False, cancel_futures=True)
 
 
-def check_deadline(context: aio.ServicerContext, stage: str) -> None:
-    """Refuse work whose caller's deadline has already passed."""
+def check_deadline(context: aio.ServicerContext, stage: str) -> float | None:
+    """Refuse work whose caller's deadline has already passed; else the deadline as a
+    ``time.monotonic()`` instant (None when the caller set none)."""
     remaining = context.time_remaining()
-    if remaining is not None and remaining <= 0:
+    if remaining is None:
+        return None
+    if remaining <= 0:
         raise DeadlineExceeded(f"{stage}: deadline passed before the stage started")
+    return time.monotonic() + remaining
 
 
 def elapsed_us(start_ns: int) -> int:

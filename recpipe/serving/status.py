@@ -12,6 +12,7 @@ import grpc
 from recpipe.errors import (
     ArtifactMismatch,
     BadRequest,
+    Cancelled,
     DeadlineExceeded,
     Overloaded,
     RecpipeError,
@@ -29,6 +30,7 @@ ERROR_CODES: tuple[tuple[type[RecpipeError], grpc.StatusCode], ...] = (
     (Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (StageUnavailable, grpc.StatusCode.UNAVAILABLE),
     (DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (Cancelled, grpc.StatusCode.CANCELLED),
 )
 
 _ERRORS_BY_CODE: dict[grpc.StatusCode, type[RecpipeError]] = {
@@ -38,6 +40,7 @@ _ERRORS_BY_CODE: dict[grpc.StatusCode, type[RecpipeError]] = {
     grpc.StatusCode.RESOURCE_EXHAUSTED: Overloaded,
     grpc.StatusCode.UNAVAILABLE: StageUnavailable,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
+    grpc.StatusCode.CANCELLED: Cancelled,
 }
 
 

@@ -3,7 +3,10 @@
 ``start()`` launches every stage process at once (the gateway's channels connect lazily, so it need not
 wait for the others) and returns when all of them report SERVING on the gRPC health service. ``run()``
 then polls: a stage process that exits is logged and started again on the same port (with a backoff
-when it keeps dying right after start), and is reported again once it is SERVING. ``stop()`` sends
+when it keeps dying right after start), and is reported again once it is SERVING. A stage process whose
+health service has answered before but has not answered for ``unresponsive_s`` seconds (frozen by
+SIGSTOP, a hung event loop) is logged, killed with SIGKILL and restarted the same way; before its first
+answer a stage is still starting, which ``startup_timeout_s`` bounds instead. ``stop()`` sends
 SIGTERM to every stage, which drains in-flight requests, and SIGKILLs what is still there after the
 grace period.
 """
@@ -33,6 +36,12 @@ log = logging.getLogger(__name__)
 #: A stage that dies sooner than this after starting counts as a failed start (backoff grows).
 STABLE_AFTER_S = 10.0
 MAX_BACKOFF_S = 30.0
+#: A stage whose health has not answered for this long is restarted (0 = never; ``--unresponsive-timeout``).
+DEFAULT_UNRESPONSIVE_S = 5.0
+#: Deadline of one health check.
+PROBE_TIMEOUT_S = 1.0
+#: the file descriptor a stage's stdout is sent to (this process's stderr)
+STDERR_FD = 2
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,8 @@ class _Child:
     restarts: int = 0
     quick_failures: int = 0
     restart_at: float | None = None
+    #: When its health service last answered (any status); None until the first answer.
+    answered_at: float | None = None
     channel: grpc.Channel | None = field(default=None, repr=False)
 
 
@@ -75,10 +86,12 @@ def health_status(channel: grpc.Channel, timeout: float = 1.0) -> str:
 
 
 class Supervisor:
-    def __init__(self, stages: Sequence[StageProcess], *, startup_timeout_s: float = 600.0, grace_s: float = 5.0):
+    def __init__(self, stages: Sequence[StageProcess], *, startup_timeout_s: float = 600.0, grace_s: float = 5.0,
+                 unresponsive_s: float = DEFAULT_UNRESPONSIVE_S):
         self.children = {s.name: _Child(s) for s in stages}
         self.startup_timeout_s = startup_timeout_s
         self.grace_s = grace_s
+        self.unresponsive_s = unresponsive_s
         self._stopping = False
         self._lock = threading.Lock()
 
@@ -200,17 +213,55 @@ class Supervisor:
         env = {**os.environ, SUPERVISOR_ENV: str(os.getpid())}
         # Its own session: a terminal's Ctrl-C reaches only the supervisor, which stops the stages in
         # order instead of racing them to their own shutdown.
-        child.proc = subprocess.Popen(list(child.spec.argv), env=env, start_new_session=True)
+        # Its stdout goes to our stderr: what a stage prints (its recpipe-stage-ready handshake, logs)
+        # is diagnostics, and our stdout is for the summaries a user may redirect or parse.
+        child.proc = subprocess.Popen(list(child.spec.argv), env=env, start_new_session=True,
+                                      stdout=STDERR_FD)
         child.started_at = time.monotonic()
         child.serving = False
+        child.answered_at = None
 
     def _probe(self) -> None:
+        """Ask every live stage's health at once: note SERVING, note that it answered at all, and kill
+        the ones silent for longer than ``unresponsive_s`` (``check`` restarts them)."""
+        watching = self.unresponsive_s > 0
+        asked = []
         for child in self.children.values():
-            if child.serving or child.proc is None or child.proc.poll() is not None:
+            if child.proc is None or child.proc.poll() is not None or (child.serving and not watching):
                 continue
             if child.channel is None:
                 child.channel = make_blocking_channel(child.spec.address)
-            if health_status(child.channel, timeout=0.5) == "SERVING":
+            check = health_pb2_grpc.HealthStub(child.channel).Check
+            asked.append((child, check.future(health_pb2.HealthCheckRequest(service=""), timeout=PROBE_TIMEOUT_S)))
+        for child, future in asked:
+            try:
+                reply = future.result()
+            except grpc.RpcError:
+                continue
+            child.answered_at = time.monotonic()
+            if reply.status == health_pb2.HealthCheckResponse.SERVING and not child.serving:
                 child.serving = True
                 if child.restarts:
                     log.warning("stage %s is SERVING again on %s", child.spec.name, child.spec.address)
+        if watching:
+            self._kill_unresponsive()
+
+    def _kill_unresponsive(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if self._stopping:
+                return
+            for child in self.children.values():
+                proc = child.proc
+                if proc is None or proc.poll() is not None or child.answered_at is None:
+                    continue
+                silent = now - child.answered_at
+                if silent <= self.unresponsive_s:
+                    continue
+                log.warning(
+                    "stage %s (pid %s) has not answered its health check for %.1fs (limit %.1fs; frozen or hung); "
+                    "killing it to restart it", child.spec.name, proc.pid, silent, self.unresponsive_s,
+                )
+                proc.kill()  # SIGKILL also ends a SIGSTOPped process, which SIGTERM would not
+                child.serving = False
+                child.answered_at = None

@@ -1,8 +1,9 @@
 """``recpipe train`` end to end: split, preprocessing, both models, the index, metrics, the repository.
 
 Everything is written into a temporary directory next to ``out`` and renamed into place at the end,
-so an interrupted run never leaves a half repository (and an existing one is replaced only with
-``force``).
+so an interrupted run never leaves a half repository. An existing repository is replaced only with
+``force``, and a directory holding anything else never (``recpipe.repository.check_replaceable``); the
+placeholder README of a checkout's ``models/`` is kept, and what is written follows the umask.
 """
 
 from __future__ import annotations
@@ -22,28 +23,26 @@ import faiss
 import numpy as np
 import polars as pl
 import torch
-from safetensors.torch import save_file
 
 import recpipe
 from recpipe import device as devices
 from recpipe.datagen.manifest import verify as verify_dataset
 from recpipe.errors import UsageError
-from recpipe.features.core import CONFIG_FILE, FeatureConfig, FeatureCore, read_tables
+from recpipe.features import artifacts as feature_artifacts
+from recpipe.features.artifacts import FeatureConfig
+from recpipe.features.core import FeatureCore, read_tables
+from recpipe.filemodes import follow_umask
 from recpipe.preprocess import PreprocessConfig, Preprocessor
-from recpipe.ranking.files import DLRM_CONFIG_FILE, DLRM_FILE
+from recpipe.ranking import artifacts as ranking_artifacts
 from recpipe.repository import (
+    PLACEHOLDER_README,
+    check_replaceable,
     dataset_sha256,
-    write_json,
+    is_placeholder,
     write_manifest,
 )
+from recpipe.retrieval import artifacts as retrieval_artifacts
 from recpipe.retrieval import index as faiss_index
-from recpipe.retrieval.files import (
-    EMBEDDINGS_FILE,
-    INDEX_FILE,
-    INDEX_SPEC_FILE,
-    TWO_TOWER_CONFIG_FILE,
-    TWO_TOWER_FILE,
-)
 from recpipe.training import loops
 from recpipe.training.config import TrainConfig
 from recpipe.training.metrics import auc, recall_at_k
@@ -54,10 +53,7 @@ RECALL_K = 500
 
 
 def _prepare_out(out: Path, force: bool) -> None:
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} exists and is not a directory")
-    if out.exists() and any(out.iterdir()) and not force:
-        raise UsageError(f"--out {out} already holds files; pass --force to replace them")
+    check_replaceable(out, force)
     parent = out.parent if str(out.parent) else Path(".")
     parent.mkdir(parents=True, exist_ok=True)
     if not os.access(parent, os.W_OK):
@@ -66,6 +62,12 @@ def _prepare_out(out: Path, force: bool) -> None:
 
 def _swap_into_place(tmp: Path, out: Path) -> None:
     old: Path | None = None
+    if out.exists():
+        check_replaceable(out, force=True)  # again: nothing foreign may have appeared while training
+        readme = out / PLACEHOLDER_README
+        if is_placeholder(readme):
+            shutil.copy2(readme, tmp / PLACEHOLDER_README)  # kept (a tracked file in a checkout)
+    follow_umask(tmp)  # mkdtemp made it 0700 and safetensors writes 0600
     if out.exists():
         old = out.with_name(f".{out.name}.old-{os.getpid()}")
         os.replace(out, old)
@@ -77,10 +79,6 @@ def _swap_into_place(tmp: Path, out: Path) -> None:
 def _versions() -> dict[str, str]:
     return {"recpipe": recpipe.__version__, "torch": torch.__version__, "faiss": faiss.__version__,
             "polars": pl.__version__, "numpy": np.__version__, "python": platform.python_version()}
-
-
-def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().float().contiguous().cpu() for k, v in model.state_dict().items()}
 
 
 def training_threads(requested: int) -> int:
@@ -202,20 +200,10 @@ def _train(
     out_parent = out.parent if str(out.parent) else Path(".")
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out_parent))
     try:
-        prep.save(tmp / "preprocess")
-        (tmp / "features").mkdir()
-        write_json(tmp / CONFIG_FILE, {"history_len": core.history_len,
-                                       "num_categories": core.config.num_categories,
-                                       "num_top_categories": core.config.num_top_categories})
-        (tmp / "retrieval").mkdir()
-        (tmp / "ranking").mkdir()
-        save_file(_state(two_tower), str(tmp / TWO_TOWER_FILE))
-        write_json(tmp / TWO_TOWER_CONFIG_FILE, two_tower.config.to_json())
-        save_file({"embeddings": torch.from_numpy(item_emb)}, str(tmp / EMBEDDINGS_FILE))
-        faiss_index.save(index, tmp / INDEX_FILE)
-        write_json(tmp / INDEX_SPEC_FILE, {**spec.to_json(), "tried": [s.to_json() for s in tried]})
-        save_file(_state(dlrm), str(tmp / DLRM_FILE))
-        write_json(tmp / DLRM_CONFIG_FILE, dlrm.config.to_json())
+        # each stage writes its own artifacts (recpipe/<stage>/artifacts.py), and reads them back the same way
+        feature_artifacts.save(tmp, prep, core.config)
+        retrieval_artifacts.save(tmp, two_tower, item_emb, index, spec, tried)
+        ranking_artifacts.save(tmp, dlrm)
         timings["total"] = round(time.perf_counter() - t_start, 3)
         oracle = data_manifest.get("oracle") or {}
         content = {

@@ -53,25 +53,118 @@ class Lines:
         raise AssertionError(f"not seen within {timeout}s; got:\n{''.join(self.seen)}")
 
 
+def free_port_block(count: int = 4) -> int:
+    """A base port B such that B .. B+count-1 were all free a moment ago."""
+    import random
+    import socket
+
+    for _ in range(200):
+        base = random.randint(20000, 60000)
+        try:
+            for port in range(base, base + count):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError("no block of free ports")
+
+
+class GatewayWatch:
+    """Polls the gateway's health from before the gateway exists, recording every change; right after
+    the first SERVING it sends one Recommend (no retry), as a client trusting a readiness probe would."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.changes: list[tuple[float, str]] = []  # (time.monotonic(), status)
+        self.first_recommend: object = None
+        self.first_done = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import grpc
+
+        from recpipe.serving.supervisor import health_status
+
+        fast = [("grpc.initial_reconnect_backoff_ms", 20), ("grpc.min_reconnect_backoff_ms", 20),
+                ("grpc.max_reconnect_backoff_ms", 50)]
+        with grpc.insecure_channel(self.address, options=fast) as channel:
+            while not self._stop.is_set():
+                status = health_status(channel, timeout=1.0)
+                if not self.changes or self.changes[-1][1] != status:
+                    self.changes.append((time.monotonic(), status))
+                if status == "SERVING" and not self.first_done.is_set():
+                    try:
+                        with RecommendClient(self.address) as client:
+                            self.first_recommend = client.recommend(1, 50, 5, timeout=10)
+                    except Exception as e:
+                        self.first_recommend = e
+                    self.first_done.set()
+                self._stop.wait(0.02)
+
+    def seen_after(self, since: float, status: str, timeout: float) -> float:
+        """The time ``status`` was first recorded after ``since``; fails after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for at, s in list(self.changes):
+                if at >= since and s == status:
+                    return at
+            time.sleep(0.05)
+        raise AssertionError(f"gateway health never {status} after t={since:.2f}: {self.changes}")
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
 @pytest.fixture(scope="module")
-def served(small_models, small_dataset):
+def gateway_watch():
+    """A ``GatewayWatch`` on the port ``served`` will put its gateway on, started before it."""
+    base = free_port_block()
+    watch = GatewayWatch(f"127.0.0.1:{base}")
+    yield watch
+    watch.stop()
+
+
+@pytest.fixture(scope="module")
+def served(small_models, small_dataset, gateway_watch):
+    base = int(gateway_watch.address.rsplit(":", 1)[1])
     proc = subprocess.Popen(
         [sys.executable, "-m", "recpipe", "--log-level", "WARNING", "serve", "--models", str(small_models),
-         "--data", str(small_dataset), "--port", "0", "--threads", "1", "--grace", "2"],
+         "--data", str(small_dataset), "--port", str(base), "--metrics-port", "0", "--threads", "1",
+         "--grace", "2"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     lines = Lines(proc.stdout)
     try:
         lines.until(lambda s: s.startswith("recpipe serving"), timeout=120)
         stages = {}
+        names = ("gateway", "features", "retrieval", "ranking")
+
+        def stage_row(line: str) -> bool:  # "NAME  HOST:PORT  PID  DEVICE  THREADS  METRICS"
+            w = line.split()
+            return len(w) >= 3 and w[0] in names and ":" in w[1] and w[2].isdigit()
+
+        lines.until(lambda s: s.startswith("machine: "), timeout=5)
         for _ in range(4):
-            parts = lines.until(lambda s: " pid " in s, timeout=5).split()
-            stages[parts[0]] = {"address": parts[1], "pid": int(parts[3])}
+            parts = lines.until(stage_row, timeout=5).split()
+            stages[parts[0]] = {"address": parts[1], "pid": int(parts[2])}
         yield proc, lines, stages
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_first_gateway_serving_is_followed_by_a_successful_recommend(served, gateway_watch):
+    watch = gateway_watch
+    assert watch.first_done.wait(30), watch.changes
+    assert not isinstance(watch.first_recommend, Exception), (watch.first_recommend, watch.changes)
+    assert len(watch.first_recommend.item_ids) == 5
+    assert [s for _, s in watch.changes][-1] == "SERVING"
+    assert "SERVING" not in [s for _, s in watch.changes][:-1]  # never SERVING before it could answer
 
 
 def test_recommend_command_prints_items_and_timings(served, capsys):
@@ -112,15 +205,19 @@ def test_bench_chain_grpc_agrees_with_in_process(served, small_models, small_dat
     assert report["end_to_end"]["grpc_p50_us"] > 0 and report["end_to_end"]["ratio_p50"] > 0
 
 
-def test_killed_stage_is_restarted(served):
+def test_killed_stage_is_restarted(served, gateway_watch):
     _, lines, stages = served
     old = stages["features"]["pid"]
+    killed_at = time.monotonic()
     os.kill(old, signal.SIGKILL)
     lines.until(lambda s: f"stage features (pid {old}) exited" in s, timeout=10)
     restarted = lines.until(lambda s: "stage features restarted" in s, timeout=10)
     stages["features"]["pid"] = int(re.search(r"\(pid (\d+)", restarted).group(1))
     assert stages["features"]["pid"] != old
     lines.until(lambda s: "stage features is SERVING again" in s, timeout=120)
+    # the gateway's health followed: NOT_SERVING while features was down, SERVING again after
+    down = gateway_watch.seen_after(killed_at, "NOT_SERVING", timeout=10)
+    gateway_watch.seen_after(down, "SERVING", timeout=30)
     with RecommendClient(stages["gateway"]["address"]) as client:
         deadline = time.monotonic() + 30
         while True:  # the gateway's channel reconnects on its own
@@ -149,18 +246,8 @@ def test_serve_rejects_missing_directories(tmp_path, capsys):
     assert "--models" in capsys.readouterr().err
 
 
-def test_demo_reuses_a_workdir_and_prints_the_latency_table(small_models, small_dataset, tmp_path, capsys):
-    (tmp_path / "data").symlink_to(small_dataset, target_is_directory=True)
-    (tmp_path / "models").symlink_to(small_models, target_is_directory=True)
-    assert main(["demo", "--workdir", str(tmp_path), "--queries", "30", "--num-candidates", "100"]) == 0
-    out = capsys.readouterr().out
-    assert "reusing" in out
-    assert "per-stage latency, 30 queries, num_candidates 100" in out
-    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.split()[:1] in
-            (["augment_user"], ["retrieve"], ["augment_items"], ["rank"], ["total"])}
-    assert set(rows) == {"augment_user", "retrieve", "augment_items", "rank", "total"}
-    for values in rows.values():
-        assert len(values) == 6 and all(float(v) > 0 for v in values)
+# recpipe demo over a workdir holding data and models: tests/integration/test_readme_commands.py runs it
+# (with its table, run document, charts and next steps checked) as one of the README's commands.
 
 
 def test_demo_rejects_bad_arguments(capsys):

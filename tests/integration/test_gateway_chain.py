@@ -171,18 +171,18 @@ def test_gateway_spreads_a_stage_over_several_addresses(toy_chain):
         # Count both calls: round-robin alternates per call, so with two replicas AugmentUser may
         # always land on one and AugmentItems on the other.
         core = ToyFeatureCore(world)
-        user, items = core.augment_user, core.augment_items
+        user, items = core.user_features, core.items_batch
 
-        def augment_user(user_id):
+        def user_features(query):
             seen[key] += 1
-            return user(user_id)
+            return user(query)
 
-        def augment_items(user_id, item_ids):
-            seen[key] += 1
-            return items(user_id, item_ids)
+        def items_batch(queries):
+            seen[key] += len(queries)
+            return items(queries)
 
-        core.augment_user = augment_user  # type: ignore[method-assign]
-        core.augment_items = augment_items  # type: ignore[method-assign]
+        core.user_features = user_features  # type: ignore[method-assign]
+        core.items_batch = items_batch  # type: ignore[method-assign]
         return core
 
     a = st.start(FeatureStage(lambda: counting("a")))

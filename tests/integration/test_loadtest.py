@@ -19,6 +19,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from locust_stats import final_stats
 
 from recpipe.config import STAGES, TOTAL_STAGE
 from recpipe.v1 import recommend_pb2, recommend_pb2_grpc
@@ -43,8 +44,11 @@ class FakeGateway(recommend_pb2_grpc.RecommendServiceServicer):
             await asyncio.sleep(self.delay_s)
         if not 0 <= request.user_id < self.num_users:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown user {request.user_id}")
+        # rank reports its batcher's split (a quarter queued, batches of 4); the others do not (zeros)
         timings = [
-            recommend_pb2.StageTiming(stage=s, server_us=us, observed_us=us + 200)
+            recommend_pb2.StageTiming(stage=s, server_us=us, observed_us=us + 200,
+                                      **({"queue_us": us // 4, "compute_us": us - us // 4, "batch_size": 4}
+                                         if s == "rank" else {}))
             for s, us in FAKE_SERVER_US.items()
         ]
         timings.append(recommend_pb2.StageTiming(stage=TOTAL_STAGE, server_us=17_000, observed_us=17_000))
@@ -98,14 +102,16 @@ def run_locust(
     # only the settings this test names: none inherited from the shell running pytest
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("RECPIPE_", "LOCUST_"))}
     full_env.update(env or {})
-    return subprocess.run(cmd, cwd=out, env=full_env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(cmd, cwd=out, env=full_env, capture_output=True, text=True, timeout=120)
+    (out / "stderr.txt").write_text(proc.stderr)
+    return proc
 
 
 def read_stats(out: Path) -> dict[str, dict[str, str]]:
-    """Rows of locust's ``_stats.csv`` by name. Locust rewrites that file about once a second while
-    running and not again at exit, so it trails the printed summary: runs here last 3 s or more."""
-    with open(out / "run_stats.csv", newline="") as f:
-        return {row["Name"]: row for row in csv.DictReader(f)}
+    """The final rows by name, with the CSV's column names, from the summary printed at exit, not from
+    ``_stats.csv``: locust rewrites that about once a second while running and not at exit, so on a busy
+    machine it trails the run (see locust_stats.py). Times are whole units, as printed."""
+    return final_stats((out / "stderr.txt").read_text())
 
 
 def user_counts(out: Path) -> list[int]:
@@ -127,11 +133,19 @@ def test_every_stage_is_its_own_row_timed_by_server_us(tmp_path: Path, fake_port
     assert calls > 0
     for stage, name in zip(STAGES, STAGE_ROWS, strict=True):
         row = stats[name]
-        assert row["Type"] == "stage"
-        # one stage event per successful call, and its time is the server_us the gateway reported
+        assert row["Type"] == "stage_us"
+        # one stage sample per successful call, and its time is the server_us the gateway reported, in
+        # microseconds: sub-millisecond resolution survives locust's whole-unit percentiles
         assert int(row["Request Count"]) == calls
         assert int(row["Failure Count"]) == 0
-        assert float(row["Average Response Time"]) == pytest.approx(FAKE_SERVER_US[stage] / 1000, rel=1e-6)
+        assert float(row["Average Response Time"]) == pytest.approx(FAKE_SERVER_US[stage], rel=1e-6)
+        assert int(row["50%"]) == FAKE_SERVER_US[stage]
+    # the queue/compute split, only for the stage that reports it
+    assert float(stats["stage:rank queue"]["Average Response Time"]) == FAKE_SERVER_US["rank"] // 4
+    assert int(stats["stage:rank compute"]["Request Count"]) == calls
+    assert "stage:retrieve queue" not in stats
+    # the Aggregated row counts Recommend calls only, not stage samples
+    assert int(stats["Aggregated"]["Request Count"]) == calls
     assert int(stats["Recommend"]["Failure Count"]) == 0
     assert stats["Recommend"]["Type"] == "grpc"
     # the step shape in the same directory stays off: -u decides the user count
@@ -144,7 +158,7 @@ def test_observed_stage_time_and_target_from_the_environment(tmp_path: Path, fak
     assert proc.returncode == 0, proc.stderr[-3000:]
     stats = read_stats(tmp_path)
     assert int(stats["Recommend"]["Request Count"]) > 0
-    assert float(stats["stage:rank"]["Average Response Time"]) == pytest.approx(7.2, rel=1e-6)
+    assert float(stats["stage:rank"]["Average Response Time"]) == pytest.approx(7200, rel=1e-6)
 
 
 def test_grpc_errors_are_failures_named_by_status_code(tmp_path: Path, fake_port: int) -> None:
@@ -217,8 +231,8 @@ def test_locust_against_the_real_chain(tmp_path: Path, serving_chain, dataset_in
         assert int(stats[name]["Request Count"]) > 0, name
         assert int(stats[name]["Failure Count"]) == 0, name
     assert read_failures(tmp_path) == []
-    # time inside the four stages' servers is part of what the client waited for
-    inside = sum(float(stats[name]["Average Response Time"]) for name in STAGE_ROWS)
+    # time inside the four stages' servers (rows in microseconds) is part of what the client waited for
+    inside = sum(float(stats[name]["Average Response Time"]) for name in STAGE_ROWS) / 1000
     assert 0 < inside <= float(stats["Recommend"]["Average Response Time"])
 
 

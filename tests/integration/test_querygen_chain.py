@@ -10,7 +10,7 @@ from recpipe.cli import main
 from recpipe.config import STAGES
 
 if TYPE_CHECKING:
-    from recpipe.serving.inprocess import ChainServers
+    from recpipe.inprocess import ChainServers
 
 
 def _run(tmp_path: Path, name: str, *argv: str) -> dict[str, Any]:

@@ -21,6 +21,8 @@ from recpipe.serving.supervisor import free_port
 from recpipe.v1 import (
     features_pb2,
     features_pb2_grpc,
+    info_pb2,
+    info_pb2_grpc,
     ranking_pb2,
     ranking_pb2_grpc,
     recommend_pb2,
@@ -92,6 +94,12 @@ def test_bad_sizes_are_invalid_argument(serving_chain, dataset_info):
         assert len(stub.Recommend(recommend_pb2.RecommendRequest(user_id=1, num_candidates=items), timeout=30).item_ids) == 10
 
 
+def serving_chain_items(serving_chain) -> int:
+    with grpc.insecure_channel(serving_chain.retrieval.address) as channel:
+        info = info_pb2_grpc.InfoServiceStub(channel).GetInfo(info_pb2.GetInfoRequest(), timeout=10)
+    return int(info.details["num_items"])
+
+
 def _user_features(serving_chain):
     with grpc.insecure_channel(serving_chain.features.address) as channel:
         return features_pb2_grpc.FeatureServiceStub(channel).AugmentUser(
@@ -139,7 +147,6 @@ def test_malformed_tensors_to_retrieval_are_invalid_argument(serving_chain):
         ("user_dense", _reshape(user.dense, (1, -1))),
         ("user_sparse", _short(user.sparse)),
         ("user_sparse", _as(user.sparse, np.float32)),
-        ("recent_items", _reshape(user.recent_items, (1, -1))),
     ]
     with grpc.insecure_channel(serving_chain.retrieval.address) as channel:
         stub = retrieval_pb2_grpc.RetrievalServiceStub(channel)
@@ -149,13 +156,19 @@ def test_malformed_tensors_to_retrieval_are_invalid_argument(serving_chain):
                 stub.Retrieve(request, timeout=10)
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, field
             assert field in info.value.details()
-        for k, extra in ((0, {}), (-5, {}), (20, {"nprobe": -1})):
+        for k, extra in ((-5, {}), (20, {"nprobe": -1})):
             with pytest.raises(grpc.RpcError) as info:
                 stub.Retrieve(retrieval_pb2.RetrieveRequest(**good, k=k, **extra), timeout=10)
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         reply = stub.Retrieve(retrieval_pb2.RetrieveRequest(**good, k=20), timeout=10)
         found = codec.decode(reply.item_ids, "item_ids", "int64", (20,))
         assert len(set(found.tolist())) == 20
+        # recent_items is not read (the two-tower model does not use history), so even a malformed one
+        # changes nothing; k 0 is the stage's default (500 or the whole catalogue)
+        odd = retrieval_pb2.RetrieveRequest(**{**good, "recent_items": _reshape(user.recent_items, (1, -1))}, k=20)
+        assert stub.Retrieve(odd, timeout=10).item_ids == reply.item_ids
+        default = stub.Retrieve(retrieval_pb2.RetrieveRequest(**good), timeout=10)
+        assert default.item_ids.shape[0] == min(500, serving_chain_items(serving_chain))
 
 
 def test_malformed_tensors_to_ranking_are_invalid_argument(serving_chain):

@@ -202,8 +202,8 @@ def test_round_robin_channel_spreads_calls(servers, world):
     a, core_a = feature_server(servers, world)
     b, core_b = feature_server(servers, world)
     seen = {"a": 0, "b": 0}
-    core_a.augment_user = _counting(core_a.augment_user, seen, "a")  # type: ignore[method-assign]
-    core_b.augment_user = _counting(core_b.augment_user, seen, "b")  # type: ignore[method-assign]
+    core_a.user_features = _counting(core_a.user_features, seen, "a")  # type: ignore[method-assign]
+    core_b.user_features = _counting(core_b.user_features, seen, "b")  # type: ignore[method-assign]
     # One name, several addresses: what a dns:/// name with several A records resolves to.
     with make_blocking_channel(f"ipv4:127.0.0.1:{a.port},127.0.0.1:{b.port}") as channel:
         stub = features_pb2_grpc.FeatureServiceStub(channel)

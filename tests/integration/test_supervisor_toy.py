@@ -1,12 +1,15 @@
 """The supervisor's mechanics on real OS processes that serve a toy feature stage (no model repository):
-start and wait for SERVING, restart a killed stage on its port, fail fast on a stage that cannot start,
-stop everything with SIGTERM."""
+start and wait for SERVING, restart a killed stage on its port, restart a frozen (SIGSTOPped) one, fail
+fast on a stage that cannot start, stop everything with SIGTERM."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -74,3 +77,52 @@ def test_supervisor_fails_fast_when_a_stage_cannot_start():
         sup.start()
     pid = sup.pid("good")
     assert pid is not None and not alive(pid)
+
+
+def test_supervisor_restarts_a_frozen_stage(caplog):
+    caplog.set_level(logging.WARNING, logger="recpipe.serving.supervisor")
+    sup = Supervisor([toy("frozen"), toy("fine")], startup_timeout_s=60, grace_s=1, unresponsive_s=1.5)
+    sup.start()
+    stop = threading.Event()
+    watcher = threading.Thread(target=sup.run, args=(stop, 0.2))
+    old = sup.pid("frozen")
+    assert old is not None
+    try:
+        watcher.start()
+        os.kill(old, signal.SIGSTOP)  # alive, but its health never answers again
+        deadline = time.monotonic() + 20
+        while sup.pid("frozen") == old and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert sup.pid("frozen") != old, "the frozen stage was not restarted"
+        assert not alive(old) or _zombie(old)
+        deadline = time.monotonic() + 30
+        while not sup.children["frozen"].serving and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with grpc.insecure_channel(sup.addresses()["frozen"]) as channel:
+            assert health_status(channel) == "SERVING"
+        messages = " ".join(r.getMessage() for r in caplog.records)
+        assert f"stage frozen (pid {old}) has not answered its health check for" in messages
+        assert "frozen or hung" in messages
+        assert "stage frozen restarted" in messages
+        assert "stage fine" not in messages  # the healthy one was left alone
+    finally:
+        stop.set()
+        watcher.join(30)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(old, signal.SIGKILL)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "soon"])
+def test_serve_rejects_a_bad_unresponsive_timeout(value, capsys):
+    from recpipe.cli import main
+
+    assert main(["serve", "--unresponsive-timeout", value]) == 2
+    err = capsys.readouterr().err
+    assert "--unresponsive-timeout" in err and len(err.strip().splitlines()) == 1

@@ -9,11 +9,14 @@ sleep runs off the event loop); ``fail_with`` makes ``augment_user`` raise a cho
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
 from recpipe import schema
-from recpipe.errors import BadRequest, UnknownUser
+from recpipe.features.contract import FeatureLimits, ItemsQuery, UserQuery
+from recpipe.ranking.contract import RankingLimits, RankQuery
+from recpipe.retrieval.contract import RetrievalLimits, RetrieveQuery
 from recpipe.types import Candidates, ItemFeatures, UserFeatures
 
 USER_SPARSE = len(schema.USER_CATEGORICAL)
@@ -48,22 +51,24 @@ class ToyFeatureCore:
         self.delay_s = 0.0
         self.fail_with: BaseException | None = None
 
-    def augment_user(self, user_id: int) -> UserFeatures:
+    @property
+    def limits(self) -> FeatureLimits:
+        return FeatureLimits(self.num_users, self.num_items)
+
+    def user_features(self, query: UserQuery) -> UserFeatures:
         if self.fail_with is not None:
             raise self.fail_with
         if self.delay_s:
             time.sleep(self.delay_s)
-        if not 0 <= user_id < self.num_users:
-            raise UnknownUser(f"user {user_id} is not in the dataset")
+        user_id = query.user_id
         recent = np.full(self.history_len, -1, dtype=np.int64)
         recent[:2] = [user_id % self.num_items, (user_id * 7) % self.num_items]
         return UserFeatures(user_id, self.w.user_dense[user_id], self.w.user_sparse[user_id], recent)
 
-    def augment_items(self, user_id: int, item_ids: np.ndarray) -> ItemFeatures:
-        if item_ids.size and (item_ids.min() < 0 or item_ids.max() >= self.num_items):
-            raise BadRequest("item_ids: ids out of range")
-        if not 0 <= user_id < self.num_users:
-            raise UnknownUser(f"user {user_id} is not in the dataset")
+    def items_batch(self, queries: Sequence[ItemsQuery]) -> list[ItemFeatures]:
+        return [self._items(q.user_id, q.item_ids) for q in queries]
+
+    def _items(self, user_id: int, item_ids: np.ndarray) -> ItemFeatures:
         cross = (self.w.item_emb[item_ids] @ self.w.user_dense[user_id])[:, None]
         dense = np.concatenate([self.w.item_dense[item_ids], cross], axis=1).astype(np.float32)
         return ItemFeatures(item_ids, dense, self.w.item_sparse[item_ids])
@@ -79,8 +84,15 @@ class ToyRetrievalCore:
         self.history_len = world.history_len
         self.details = {"index": "exact inner product"}
 
-    def retrieve(self, user: UserFeatures, k: int, nprobe: int = 0, ef_search: int = 0) -> Candidates:
-        scores = self.w.item_emb @ user.dense
+    @property
+    def limits(self) -> RetrievalLimits:
+        return RetrievalLimits(self.user_dense_dim, np.full(USER_SPARSE, 3, dtype=np.int64), self.num_items)
+
+    def retrieve_batch(self, queries: Sequence[RetrieveQuery]) -> list[Candidates]:
+        return [self._retrieve(q.dense, q.k) for q in queries]
+
+    def _retrieve(self, dense: np.ndarray, k: int) -> Candidates:
+        scores = self.w.item_emb @ dense
         top = np.argpartition(-scores, k - 1)[:k]
         top = top[np.argsort(-scores[top])]
         return Candidates(top.astype(np.int64), scores[top].astype(np.float32))
@@ -94,8 +106,17 @@ class ToyRankingCore:
         self.item_dense_dim = world.item_dense.shape[1] + 1
         self.delay_s = 0.0
 
-    def rank(self, user: UserFeatures, items: ItemFeatures) -> np.ndarray:
+    @property
+    def limits(self) -> RankingLimits:
+        return RankingLimits(self.user_dense_dim, self.item_dense_dim, np.full(USER_SPARSE, 3, dtype=np.int64),
+                             np.full(ITEM_SPARSE, 3, dtype=np.int64))
+
+    def rank_batch(self, queries: Sequence[RankQuery]) -> list[np.ndarray]:
         if self.delay_s:
             time.sleep(self.delay_s)
-        logits = items.dense.sum(axis=1) + 0.01 * float(user.dense.sum())
+        return [self._rank(q.user_dense, q.item_dense) for q in queries]
+
+    @staticmethod
+    def _rank(user_dense: np.ndarray, item_dense: np.ndarray) -> np.ndarray:
+        logits = item_dense.sum(axis=1) + 0.01 * float(user_dense.sum())
         return (1.0 / (1.0 + np.exp(-logits))).astype(np.float32)

@@ -99,7 +99,8 @@ def test_train_with_nvtabular_writes_the_polars_encoding(nvt_models: Path, small
 @needs_nvtabular
 def test_repository_trained_with_nvtabular_serves(nvt_models: Path, small_dataset: Path) -> None:
     from recpipe.client import RecommendClient
-    from recpipe.serving.inprocess import ServerThread, start_chain
+    from recpipe.inprocess import start_chain
+    from recpipe.serving.inprocess import ServerThread
 
     with ServerThread() as threads:
         chain = start_chain(threads, nvt_models, small_dataset, device="cpu")

@@ -177,7 +177,12 @@ def test_force_replaces_a_dataset(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert load_manifest(out)["seed"] == 2
     assert sorted(os.listdir(tmp_path)) == ["d"]
     captured = capsys.readouterr()
-    assert captured.out == "" and captured.err == ""  # not a terminal: nothing but errors
+    # Not a terminal: no progress bar on stderr, but the summary still reaches stdout (issue 14).
+    assert captured.err == ""
+    lines = captured.out.splitlines()
+    assert len(lines) == 2 and all(line.startswith(f"wrote {out}: 221 users, 850 items") for line in lines)
+    assert main(["synth-data", "--out", str(out), "--scale", "0.001", "--seed", "3", "--force", "--quiet"]) == 0
+    assert capsys.readouterr() == ("", "")
 
 
 @pytest.mark.parametrize("args", [

@@ -95,7 +95,8 @@ def test_unknown_user_and_bad_items(core: FeatureCore) -> None:
         core.augment_items(0, np.zeros((2, 2), dtype=np.int64))
     with pytest.raises(BadRequest, match="integers"):
         core.augment_items(0, np.array([0.5]))
-    assert core.augment_items(0, np.zeros(0, dtype=np.int64)).dense.shape == (0, core.item_dense_dim)
+    with pytest.raises(BadRequest, match=r"expected 1\.\.10000 ids, got 0"):
+        core.augment_items(0, np.zeros(0, dtype=np.int64))
 
 
 def test_returned_arrays_do_not_alias_the_tables(core: FeatureCore) -> None:
@@ -122,3 +123,16 @@ def test_changed_data_file_is_rejected(small_models: Path, small_dataset: Path, 
     users.with_columns(pl.col("u_cont_00") + 1).write_parquet(other / "users.parquet")
     with pytest.raises(ArtifactMismatch, match=r"users\.parquet"):
         FeatureCore.load(small_models, other)
+
+
+def test_a_batch_of_item_requests_gathers_what_each_gathers_alone(core) -> None:
+    from recpipe.features.contract import ItemsQuery
+
+    rng = np.random.default_rng(2)
+    queries = [ItemsQuery.checked(u, rng.choice(core.num_items, k, replace=False), core.limits)
+               for u, k in ((0, 5), (7, 1), (3, 30))]
+    for q, got in zip(queries, core.items_batch(queries), strict=True):
+        alone = core.items_batch([q])[0]
+        np.testing.assert_array_equal(got.item_ids, alone.item_ids)
+        np.testing.assert_array_equal(got.dense, alone.dense)
+        np.testing.assert_array_equal(got.sparse, alone.sparse)

@@ -72,13 +72,17 @@ class _Tty(io.StringIO):
 
 def test_progress_only_on_a_terminal() -> None:
     server = _Server(delay=0.005)
-    tty, pipe = _Tty(), io.StringIO()
+    tty, pipe, short = _Tty(), io.StringIO(), _Tty()
     arrivals = poisson_arrivals(100, 0.7, seed=3).tolist()
-    loops.run(loops.run_open(server.send, arrivals, 0.0, Progress(tty, "run", interval=0.2)))
-    loops.run(loops.run_open(server.send, arrivals, 0.0, Progress(pipe, "run", interval=0.2)))
+    loops.run(loops.run_open(server.send, arrivals, 0.0, Progress(tty, "run", interval=0.2, quiet_s=0,
+                                                                  total_s=0.7)))
+    loops.run(loops.run_open(server.send, arrivals, 0.0, Progress(pipe, "run", interval=0.2, quiet_s=0)))
+    # A run shorter than quiet_s (2 s by default) draws nothing, even on a terminal.
+    loops.run(loops.run_open(server.send, arrivals, 0.0, Progress(short, "run", interval=0.2)))
     lines = [ln for ln in tty.getvalue().split("\r") if ln.strip()]
     assert len(lines) >= 2 and all("q/s" in ln and "p99" in ln and "sent" in ln for ln in lines)
-    assert pipe.getvalue() == ""
+    assert all("[" in ln and "%" in ln for ln in lines)  # the bar: how far the 0.7 s run is
+    assert pipe.getvalue() == "" and short.getvalue() == ""
 
 
 def test_sleep_until_is_never_early() -> None:

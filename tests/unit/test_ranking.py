@@ -96,12 +96,12 @@ def test_rank_rejects_malformed_features(cores) -> None:
         (user, ItemFeatures(items.item_ids, items.dense, items.sparse[:3])),
         (user, ItemFeatures(items.item_ids, items.dense, -items.sparse - 1)),
         (user, ItemFeatures(items.item_ids, np.full_like(items.dense, np.nan), items.sparse)),
-        (user, ItemFeatures(items.item_ids[:2], items.dense, items.sparse)),
     ]
     for u, it in bad_inputs:
         with pytest.raises(BadRequest):
             ranking.rank(u, it)
-    assert ranking.rank(user, ItemFeatures(items.item_ids[:0], items.dense[:0], items.sparse[:0])).shape == (0,)
+    with pytest.raises(BadRequest, match=r"expected 1\.\.10000 rows, got 0"):
+        ranking.rank(user, ItemFeatures(items.item_ids[:0], items.dense[:0], items.sparse[:0]))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -112,3 +112,23 @@ def test_cuda_scores_match_cpu(cores, small_models: Path) -> None:
     user = features.augment_user(1)
     items = features.augment_items(1, np.arange(30))
     np.testing.assert_allclose(gpu.rank(user, items), ranking.rank(user, items), rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("chunk_rows", [4096, 20])
+def test_a_batch_of_requests_scores_as_each_alone(cores, chunk_rows, monkeypatch) -> None:
+    from recpipe.ranking import core as ranking_core
+    from recpipe.ranking.contract import RankQuery
+
+    monkeypatch.setattr(ranking_core, "CHUNK_ROWS", chunk_rows)  # 20: the batch runs as several forwards
+    features, ranking = cores
+    rng = np.random.default_rng(4)
+    queries = []
+    for user_id, k in ((0, 7), (3, 1), (5, 40), (8, 13)):
+        user = features.augment_user(user_id)
+        items = features.augment_items(user_id, rng.choice(features.num_items, k, replace=False))
+        queries.append(RankQuery.checked(user.dense, user.sparse, items.dense, items.sparse, ranking.limits))
+    together = ranking.rank_batch(queries)
+    for q, scores in zip(queries, together, strict=True):
+        alone = ranking.rank_batch([q])[0]
+        assert scores.shape == (q.k,)
+        np.testing.assert_allclose(scores, alone, rtol=1e-5, atol=1e-6)

@@ -62,7 +62,7 @@ def test_speedups_per_stage_and_end_to_end() -> None:
     assert "slower end to end" in slower
     assert _ratios(slower)["rank"] == pytest.approx(1 / _expected("rank"), rel=0.03)
     md = compare.markdown([("A", a), ("B", b)])
-    assert "| **end to end** |" in md and "| gpu | none | H100 |" in md
+    assert "| **end to end** (client) |" in md and "| gpu | none | H100 |" in md
     assert sum(line.startswith("- B is") for line in md.splitlines()) == 2
 
 
@@ -109,3 +109,19 @@ def test_report_label_count_must_match(tmp_path: Path) -> None:
     a = _write(tmp_path, "a.json", _run_doc(BASE, 1))
     assert main(["report", a, "--out", str(tmp_path / "r"), "--labels", "x,y"]) == 2
     assert main(["report", str(tmp_path / "missing.json"), "--out", str(tmp_path / "r")]) == 2
+
+
+def test_report_files_follow_the_umask(tmp_path: Path) -> None:
+    import os
+    import stat
+
+    a = _write(tmp_path, "x86.json", _run_doc(BASE, 1))
+    b = _write(tmp_path, "gh200.json", _run_doc(FAST, 2))
+    out = tmp_path / "report"
+    previous = os.umask(0o022)
+    try:
+        assert main(["report", a, b, "--out", str(out)]) == 0
+    finally:
+        os.umask(previous)
+    for name in ("report.md", "comparison.png", "stages.png", "latency_cdf.png"):
+        assert stat.S_IMODE((out / name).stat().st_mode) == 0o644, name

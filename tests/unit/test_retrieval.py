@@ -11,6 +11,7 @@ import torch
 from recpipe.errors import BadRequest
 from recpipe.features.core import FeatureCore
 from recpipe.retrieval import index as faiss_index
+from recpipe.retrieval.contract import MAX_EF_SEARCH, MAX_NPROBE
 from recpipe.retrieval.core import RetrievalCore
 from recpipe.retrieval.model import TwoTower, TwoTowerConfig
 from recpipe.types import UserFeatures
@@ -113,16 +114,20 @@ def test_retrieve_agrees_with_exact_search(cores, small_models: Path) -> None:
     found = np.stack([retrieval.retrieve(u, 100).item_ids for u in users])
     assert faiss_index.recall(found, truth) >= 0.9
     # the widest search allowed is at least as good as the tuned default
-    wide = np.stack([retrieval.retrieve(u, 100, nprobe=10**6, ef_search=10**6).item_ids for u in users])
+    wide = np.stack([retrieval.retrieve(u, 100, nprobe=MAX_NPROBE, ef_search=MAX_EF_SEARCH).item_ids for u in users])
     assert faiss_index.recall(wide, truth) >= faiss_index.recall(found, truth) - 1e-9
 
 
 def test_retrieve_rejects_bad_requests(cores) -> None:
     features, retrieval = cores
     user = features.augment_user(0)
-    for k in (0, -1, features.num_items + 1, 10_001):
+    for k in (-1, features.num_items + 1, 10_001):
         with pytest.raises(BadRequest, match="k must be"):
             retrieval.retrieve(user, k)
+    # k 0 is the stage's default: 500, or the whole catalogue when it is smaller
+    assert retrieval.retrieve(user, 0).item_ids.shape == (min(500, features.num_items),)
+    with pytest.raises(BadRequest, match=r"nprobe must be in 0\.\.4096"):
+        retrieval.retrieve(user, 10, nprobe=MAX_NPROBE + 1)
     with pytest.raises(BadRequest):
         retrieval.retrieve(user, 10, nprobe=-1)
     with pytest.raises(BadRequest):
@@ -150,3 +155,18 @@ def test_cuda_retrieval(cores, small_models: Path) -> None:
     assert gpu.device.startswith("cuda:") and gpu.details["backend"] in ("faiss-gpu", "torch-exact")
     found = gpu.retrieve(features.augment_user(2), 50)
     assert len(np.unique(found.item_ids)) == 50
+
+
+def test_a_batch_of_queries_finds_what_each_finds_alone(cores) -> None:
+    from recpipe.retrieval.contract import RetrieveQuery
+
+    features, retrieval = cores
+    queries = []
+    for user_id, k, nprobe in ((0, 50, 0), (1, 50, 0), (2, 10, 0), (3, 50, 4), (4, 0, 0), (5, 50, 0)):
+        user = features.augment_user(user_id)
+        queries.append(RetrieveQuery.checked(user.dense, user.sparse, k, retrieval.limits, nprobe=nprobe))
+    together = retrieval.retrieve_batch(queries)
+    for q, found in zip(queries, together, strict=True):
+        alone = retrieval.retrieve_batch([q])[0]
+        assert found.item_ids.tolist() == alone.item_ids.tolist()
+        np.testing.assert_allclose(found.scores, alone.scores, rtol=1e-5, atol=1e-6)

@@ -84,20 +84,24 @@ def test_missing_data_dir_exit_2(tmp_path: Path) -> None:
     assert main(["train", "--data", str(tmp_path / "nope"), "--out", str(tmp_path / "m"), "--quiet"]) == 2
 
 
-def test_force_replaces_atomically_with_a_chosen_index(small_dataset: Path, tmp_path: Path, capsys) -> None:
+def test_force_replaces_atomically_with_a_chosen_index(small_dataset: Path, small_models: Path, tmp_path: Path,
+                                                      capsys) -> None:
+    import shutil
+
     import torch
 
     threads = torch.get_num_threads()
     out = tmp_path / "models"
-    out.mkdir()
-    (out / "stale.txt").write_text("old")
+    shutil.copytree(small_models, out)  # a repository: --force replaces it (anything else is refused)
+    (out / "ranking" / "dlrm.json").unlink()  # even one missing an artifact
+    stale = set(Repository.open(out).manifest["files"])
     assert main(["train", "--data", str(small_dataset), "--out", str(out), "--epochs", "1", "--index", "flat",
                  "--threads", "1", "--force", "--quiet"]) == 0
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err == ""  # --quiet
     assert torch.get_num_threads() == threads  # the run's thread setting does not leak
     assert Repository.open(out).manifest["training"]["torch_threads"] == 1
-    assert not (out / "stale.txt").exists()
+    assert (out / "ranking" / "dlrm.json").exists() and set(Repository.open(out).manifest["files"]) == stale
     manifest = Repository.open(out).manifest
     assert manifest["metrics"]["index_type"] == "flat" and manifest["metrics"]["index_recall_at_100"] == 1.0
     assert not list(tmp_path.glob(".models.*"))  # no temp dirs left behind

@@ -1,0 +1,58 @@
+"""The feature stage's artifacts in the model repository: the fitted preprocessing (category
+vocabularies and normalisation statistics, Parquet/JSON) and the feature configuration (JSON).
+
+``save`` is what ``recpipe train`` calls; the loaders are what ``FeatureCore.load`` calls. Nothing here
+unpickles.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from recpipe.errors import ArtifactMismatch
+from recpipe.preprocess import Preprocessor
+from recpipe.repository import Repository, write_json
+
+CONFIG_FILE = "features/config.json"
+PREPROCESS_FILES = {
+    "stats": "preprocess/stats.json",
+    "users": "preprocess/vocab_users.parquet",
+    "items": "preprocess/vocab_items.parquet",
+}
+
+
+@dataclass(frozen=True)
+class FeatureConfig:
+    """``num_*``: id ranges of the raw columns keying the cross tables (0 = take them from the data)."""
+
+    history_len: int = 20
+    num_categories: int = 0
+    num_top_categories: int = 0
+
+    def __post_init__(self) -> None:
+        if self.history_len < 0:
+            raise ValueError("history_len must be >= 0")
+
+
+def save(root: Path, preprocessor: Preprocessor, config: FeatureConfig) -> None:
+    """Write the fitted preprocessing and the feature configuration under ``root``."""
+    preprocessor.save(root / "preprocess")
+    (root / "features").mkdir(exist_ok=True)
+    write_json(root / CONFIG_FILE, asdict(config))
+
+
+def load_config(repo: Repository) -> FeatureConfig:
+    raw = repo.json(CONFIG_FILE)
+    try:
+        return FeatureConfig(int(raw["history_len"]), int(raw["num_categories"]), int(raw["num_top_categories"]))
+    except (KeyError, TypeError, ValueError) as e:
+        raise ArtifactMismatch(f"{repo.root / CONFIG_FILE}: malformed ({e!r})") from None
+
+
+def load_preprocessor(repo: Repository) -> Preprocessor:
+    """The fitted preprocessing (verified files)."""
+    return Preprocessor.load(
+        repo.file(PREPROCESS_FILES["stats"]),
+        {"users": repo.file(PREPROCESS_FILES["users"]), "items": repo.file(PREPROCESS_FILES["items"])},
+    )

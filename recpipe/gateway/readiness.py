@@ -1,0 +1,88 @@
+"""The gateway's health is the chain's readiness: SERVING only while every stage it calls is SERVING.
+
+``ChainReadiness.run`` asks each stage's gRPC health service (``Check``, service "") over the very
+channel the chain calls it on, every ``interval_s`` (``not_ready_interval_s`` while the chain is not
+ready, so it turns SERVING promptly once the stages have loaded), and reports a change whenever the
+answer for the chain as a whole changes. A stage that answers anything but SERVING, that does not
+answer within ``timeout_s``, or that cannot be reached, makes the chain not ready. Asking over the
+chain's own channels means SERVING also proves those channels are connected: the first Recommend after
+SERVING does not meet a channel still backing off from an earlier failed connect.
+
+Polling rather than ``Watch``: a Watch stream says nothing while a stage is frozen (SIGSTOP, a hung
+event loop), since its connection stays open; a Check with a deadline notices.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+
+import grpc
+from grpc import aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+#: Seconds between health checks while the chain is ready, and while it is not.
+INTERVAL_S = 0.5
+NOT_READY_INTERVAL_S = 0.1
+#: A stage whose health check takes longer than this counts as not serving.
+TIMEOUT_S = 1.0
+
+Report = Callable[[bool], Awaitable[None]]
+
+
+class ChainReadiness:
+    """Follows the health of the stages behind ``channels`` (stage name -> the chain's channel)."""
+
+    def __init__(
+        self,
+        channels: Mapping[str, aio.Channel],
+        *,
+        interval_s: float = INTERVAL_S,
+        not_ready_interval_s: float = NOT_READY_INTERVAL_S,
+        timeout_s: float = TIMEOUT_S,
+    ) -> None:
+        self._stubs = {name: health_pb2_grpc.HealthStub(channel) for name, channel in channels.items()}
+        self.interval_s = interval_s
+        self.not_ready_interval_s = not_ready_interval_s
+        self.timeout_s = timeout_s
+        #: stage -> "SERVING", or why not ("NOT_SERVING", "UNAVAILABLE: ...", "no answer in 1.0s").
+        self.status: dict[str, str] = {name: "UNKNOWN" for name in channels}
+        self.ready = False
+
+    async def run(self, report: Report) -> None:
+        """Check the stages until cancelled; ``report(ready)`` on every change (not ready at first)."""
+        while True:
+            await self.check_once(report)
+            await asyncio.sleep(self.interval_s if self.ready else self.not_ready_interval_s)
+
+    async def check_once(self, report: Report) -> bool:
+        """One round of health checks over every stage; returns whether the chain is ready."""
+        names = list(self._stubs)
+        answers = await asyncio.gather(*(self._status(name) for name in names))
+        self.status = dict(zip(names, answers, strict=True))
+        ready = all(s == "SERVING" for s in answers)
+        if ready != self.ready:
+            self.ready = ready
+            if ready:
+                log.info("chain ready: %s all SERVING", ", ".join(names))
+            else:
+                log.warning("chain not ready: %s", self.describe())
+            await report(ready)
+        return ready
+
+    def describe(self) -> str:
+        """The stages that are not SERVING and why, e.g. "ranking UNAVAILABLE (connection refused)"."""
+        return "; ".join(f"{name} {status}" for name, status in self.status.items() if status != "SERVING") or \
+            "every stage SERVING"
+
+    async def _status(self, name: str) -> str:
+        try:
+            reply = await self._stubs[name].Check(health_pb2.HealthCheckRequest(service=""), timeout=self.timeout_s)
+        except aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                return f"no answer in {self.timeout_s:g}s"
+            return f"{e.code().name} ({(e.details() or '')[:120]})"
+        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))

@@ -1,0 +1,229 @@
+"""The dynamic batcher every batched stage shares: gather concurrent requests into one core call.
+
+Modelled on Triton's dynamic batcher and queue policy and Ray Serve's ``@serve.batch`` /
+``max_queued_requests``:
+
+- ``submit(query, deadline)`` puts a request in a bounded queue and waits for its answer;
+- one worker task takes up to ``max_batch`` queued requests at a time, waiting at most
+  ``max_queue_delay_us`` after the first for others to arrive (0: take what is already queued), runs
+  the core's batch function once off the event loop and hands each request its own answer;
+- **admission**: a request is refused at once with ``Overloaded`` (RESOURCE_EXHAUSTED) when the queue
+  is full, or when its remaining deadline is shorter than the stage's recent service time per request
+  times the requests queued and running ahead of it plus its own (it could not finish in time, so
+  doing its work would only delay the others);
+- a queued request whose deadline passes, or whose caller cancels, is dropped before any work is done
+  on it and frees its slot at once;
+- every answer carries its queue time, the compute time of the core call and the batch size, the
+  split perf_analyzer reports.
+
+While a batch computes on the worker thread, the loop keeps accepting requests, so under load batches
+grow by themselves (adaptive batching) and at low load a request runs alone, with no added delay
+unless ``max_queue_delay_us`` asks for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from recpipe.errors import DeadlineExceeded, Overloaded, StageUnavailable, UsageError
+
+Q = TypeVar("Q")
+R = TypeVar("R")
+
+#: Weight of the newest batch in the service-time average the admission check uses.
+_EWMA = 0.2
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    """The batcher's knobs (``recpipe serve --max-batch/--max-queue-delay-us/--max-queue``).
+
+    ``max_batch`` requests at most per core call; ``max_queue_delay_us`` how long the first queued
+    request may wait for others (0 = take what is queued); ``max_queue`` requests waiting at most,
+    beyond which new ones are refused. ``max_batch=1`` turns batching off (one core call per request,
+    still queued and admitted the same way).
+    """
+
+    max_batch: int = 32
+    max_queue_delay_us: int = 0
+    max_queue: int = 256
+
+    def __post_init__(self) -> None:
+        if self.max_batch < 1:
+            raise UsageError(f"--max-batch must be >= 1, got {self.max_batch}")
+        if self.max_queue_delay_us < 0:
+            raise UsageError(f"--max-queue-delay-us must be >= 0, got {self.max_queue_delay_us}")
+        if self.max_queue < self.max_batch:
+            raise UsageError(f"--max-queue ({self.max_queue}) must be >= --max-batch ({self.max_batch})")
+
+
+@dataclass(frozen=True)
+class Batched(Generic[R]):
+    """One request's answer from a batch: queue_us waited before its core call started, compute_us of
+    that call, batch_size requests in it."""
+
+    value: R
+    queue_us: int
+    compute_us: int
+    batch_size: int
+
+
+@dataclass
+class _Pending(Generic[Q, R]):
+    query: Q
+    future: asyncio.Future[Batched[R]]
+    deadline: float | None  # time.monotonic() instant
+    enqueued_ns: int
+
+
+class Batcher(Generic[Q, R]):
+    """Batches ``fn(queries) -> answers`` (one answer, or an exception instance, per query) for ``stage``.
+
+    ``fn`` runs on a thread of its own (``threaded``), so the event loop stays free to accept, refuse and
+    queue requests meanwhile; or inline on the loop, which saves the thread hop (tens to hundreds of
+    microseconds per batch) but leaves arriving requests, refusals included, waiting for the batch.
+    """
+
+    def __init__(self, stage: str, fn: Callable[[Sequence[Q]], Sequence[R | BaseException]],
+                 config: BatchConfig | None = None, *, threaded: bool = True) -> None:
+        self.stage = stage
+        self.fn = fn
+        self.config = config or BatchConfig()
+        self._queue: deque[_Pending[Q, R]] = deque()
+        self._wake: asyncio.Event | None = None
+        self._worker: asyncio.Task[None] | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{stage}-core") if threaded else None
+        self._closed = False
+        self._running: list[_Pending[Q, R]] = []
+        #: Recent core time per request in seconds (EWMA of batch time / batch size); 0 until the first
+        #: batch ran. Per request rather than per batch: a batch's time grows with its size, and once the
+        #: load is gone the next request runs alone, so a per-batch figure learnt under load would keep
+        #: refusing requests the idle stage could serve.
+        self.request_s = 0.0
+        self.batches = 0
+        self.requests = 0
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    async def submit(self, query: Q, deadline: float | None = None) -> Batched[R]:
+        """Queue ``query`` and wait for its answer; ``deadline`` is a ``time.monotonic()`` instant."""
+        if self._closed:
+            raise StageUnavailable(f"{self.stage}: shutting down")
+        if len(self._queue) >= self.config.max_queue:
+            raise Overloaded(f"{self.stage}: queue full ({self.config.max_queue} requests waiting)")
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise DeadlineExceeded(f"{self.stage}: deadline passed before the request was queued")
+            expected = (len(self._queue) + len(self._running) + 1) * self.request_s
+            if left < expected:
+                raise Overloaded(f"{self.stage}: {left * 1e3:.1f} ms left of the deadline, less than the "
+                                 f"{expected * 1e3:.1f} ms the {len(self._queue)} queued and "
+                                 f"{len(self._running)} running requests need at the recent service time")
+        loop = asyncio.get_running_loop()
+        if self._worker is None:
+            self._wake = asyncio.Event()
+            self._worker = loop.create_task(self._run(), name=f"{self.stage}-batcher")
+        pending: _Pending[Q, R] = _Pending(query, loop.create_future(), deadline, time.perf_counter_ns())
+        self._queue.append(pending)
+        assert self._wake is not None
+        self._wake.set()
+        try:
+            return await pending.future
+        except asyncio.CancelledError:
+            # The caller went away: free the slot now rather than when the worker reaches it.
+            with contextlib.suppress(ValueError):
+                self._queue.remove(pending)
+            pending.future.cancel()
+            raise
+
+    async def close(self) -> None:
+        """Fail what is still queued or computing with UNAVAILABLE and stop the worker."""
+        self._closed = True
+        for p in [*self._queue, *self._running]:
+            if not p.future.done():
+                p.future.set_exception(StageUnavailable(f"{self.stage}: shutting down"))
+        self._queue.clear()
+        if self._worker is not None:
+            self._worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._worker
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _run(self) -> None:
+        assert self._wake is not None
+        loop = asyncio.get_running_loop()
+        cfg = self.config
+        while True:
+            if not self._queue:
+                self._wake.clear()
+                await self._wake.wait()
+            # Let handlers whose requests already arrived enqueue them before the batch is cut.
+            await asyncio.sleep(0)
+            if cfg.max_queue_delay_us and len(self._queue) < cfg.max_batch:
+                await self._gather(cfg.max_queue_delay_us / 1e6)
+            batch = self._take(cfg.max_batch)
+            if not batch:
+                continue
+            start = time.perf_counter_ns()
+            self._running = batch
+            try:
+                queries = [p.query for p in batch]
+                if self._executor is None:
+                    answers = self.fn(queries)
+                else:
+                    answers = await loop.run_in_executor(self._executor, self.fn, queries)
+                if len(answers) != len(batch):
+                    raise RuntimeError(f"{self.stage}: batch of {len(batch)} got {len(answers)} answers")
+            except Exception as e:  # the whole core call failed: every request in it gets the error
+                answers = [e] * len(batch)
+            end = time.perf_counter_ns()
+            self._running = []
+            compute_us = (end - start) // 1000
+            per_request = (end - start) / 1e9 / len(batch)
+            self.request_s = per_request if self.batches == 0 else (1 - _EWMA) * self.request_s + _EWMA * per_request
+            self.batches += 1
+            self.requests += len(batch)
+            for p, answer in zip(batch, answers, strict=True):
+                if p.future.done():  # cancelled while computing
+                    continue
+                if isinstance(answer, BaseException):
+                    p.future.set_exception(answer)
+                else:
+                    p.future.set_result(Batched(answer, (start - p.enqueued_ns) // 1000, compute_us, len(batch)))
+
+    async def _gather(self, delay_s: float) -> None:
+        """Wait up to ``delay_s`` for the queue to reach ``max_batch``."""
+        assert self._wake is not None
+        until = time.monotonic() + delay_s
+        while len(self._queue) < self.config.max_batch:
+            left = until - time.monotonic()
+            if left <= 0:
+                return
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), left)
+
+    def _take(self, n: int) -> list[_Pending[Q, R]]:
+        """Up to ``n`` live requests from the head of the queue; expired ones are answered and dropped."""
+        batch: list[_Pending[Q, R]] = []
+        now = time.monotonic()
+        while self._queue and len(batch) < n:
+            p = self._queue.popleft()
+            if p.future.done():
+                continue
+            if p.deadline is not None and p.deadline <= now:
+                p.future.set_exception(DeadlineExceeded(f"{self.stage}: deadline passed while queued"))
+                continue
+            batch.append(p)
+        return batch

@@ -1,0 +1,77 @@
+"""The gateway's health is the chain's readiness, on real in-process gRPC servers over toy cores: NOT_SERVING
+until every stage it calls is SERVING, NOT_SERVING again when one stops or is not loaded, SERVING again
+when it is back; Recommend meanwhile answers UNAVAILABLE naming the stage."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import pytest
+from toy_stages import ToyFeatureCore, ToyRankingCore, ToyRetrievalCore, ToyWorld
+
+from recpipe.client import RecommendClient
+from recpipe.errors import StageUnavailable
+from recpipe.features.servicer import FeatureStage
+from recpipe.gateway.servicer import GatewayStage
+from recpipe.ranking.servicer import RankingStage
+from recpipe.retrieval.servicer import RetrievalStage
+from recpipe.serving.inprocess import ServerThread
+from recpipe.serving.supervisor import free_port, health_status
+
+
+def wait_status(address: str, wanted: str, timeout: float = 10.0) -> float:
+    """Seconds until the server at ``address`` reports ``wanted``; fails after ``timeout``."""
+    start = time.monotonic()
+    with grpc.insecure_channel(address) as channel:
+        while True:
+            status = health_status(channel)
+            if status == wanted:
+                return time.monotonic() - start
+            if time.monotonic() - start > timeout:
+                pytest.fail(f"{address} still {status} after {timeout}s (wanted {wanted})")
+            time.sleep(0.02)
+
+
+def test_gateway_health_follows_every_stage_it_calls():
+    world = ToyWorld()
+    ports = {name: free_port() for name in ("features", "retrieval", "ranking")}
+    stages = {
+        "features": lambda: FeatureStage(lambda: ToyFeatureCore(world)),
+        "retrieval": lambda: RetrievalStage(lambda: ToyRetrievalCore(world)),
+        "ranking": lambda: RankingStage(lambda: ToyRankingCore(world)),
+    }
+    with ServerThread() as st:
+        gateway = st.start(GatewayStage(*(f"127.0.0.1:{ports[n]}" for n in ("features", "retrieval", "ranking"))))
+        client = RecommendClient(gateway.address)
+        try:
+            # No stage yet: the gateway answers, NOT_SERVING, and Recommend names the missing stage.
+            time.sleep(0.5)
+            with grpc.insecure_channel(gateway.address) as channel:
+                assert health_status(channel) == "NOT_SERVING"
+            with pytest.raises(StageUnavailable, match=r"(features|retrieval) unavailable at"):
+                client.recommend(1, 20, 5)
+
+            servers = {name: st.start(stages[name](), port=ports[name]) for name in ("features", "retrieval")}
+            # ranking is up but still loading (its own health NOT_SERVING): the chain is not ready
+            servers["ranking"] = st.start(stages["ranking"](), port=ports["ranking"], load=False)
+            time.sleep(0.5)
+            with grpc.insecure_channel(gateway.address) as channel:
+                assert health_status(channel) == "NOT_SERVING"
+            with pytest.raises(StageUnavailable, match=r"ranking unavailable at .*still loading"):
+                client.recommend(1, 20, 5)
+
+            st.run(servers["ranking"].load())
+            wait_status(gateway.address, "SERVING")
+            assert len(client.recommend(1, 20, 5).item_ids) == 5  # the first SERVING is a working chain
+
+            # A stage goes away: NOT_SERVING promptly, and back to SERVING once it is back.
+            st.stop(servers["ranking"], grace=0)
+            assert wait_status(gateway.address, "NOT_SERVING", timeout=5) < 2.0
+            with pytest.raises(StageUnavailable, match="ranking unavailable at"):
+                client.recommend(1, 20, 5)
+            servers["ranking"] = st.start(stages["ranking"](), port=ports["ranking"])
+            wait_status(gateway.address, "SERVING")
+            assert len(client.recommend(2, 20, 5).item_ids) == 5
+        finally:
+            client.close()

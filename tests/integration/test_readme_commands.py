@@ -1,0 +1,368 @@
+"""Every command in README.md works as written, at small scale.
+
+``readme_commands()`` reads the commands out of README.md (fenced ``bash`` blocks, indented code blocks
+and the bench table); ``CASES`` says, for each, how it is run here at small scale or why it is not.
+A command added to or changed in the README without a case here fails ``test_every_readme_command_has_a_case``.
+
+The small-scale runs share one ``recpipe serve`` (a real process tree over the session's tiny model
+repository, ``--port 0``): ``127.0.0.1:50051`` and the host-less ``:50052``-``:50054`` in README
+commands are replaced by its ports, host-less forms kept host-less; counts and durations shrink
+(``--queries 2000`` -> 20, ``--duration 60`` -> 1, ...; each case says how). The flags, paths and
+forms are the README's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from locust_stats import final_stats
+
+from recpipe.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+
+RUN = "run"  # run here at small scale
+SKIP = "skip"  # not run here; the reason says where it is covered, or why it cannot be
+
+
+def readme_commands(text: str | None = None) -> list[str]:
+    """The shell commands in README.md: lines of fenced ``bash`` blocks and 4-space indented blocks
+    (comments dropped; a line starting with ``[`` continues the one above) and the bench table's
+    first column."""
+    lines = (README.read_text(encoding="utf-8") if text is None else text).splitlines()
+    out: list[str] = []
+    fenced = False
+    for raw in lines:
+        if raw.startswith("```"):
+            fenced = raw.strip() == "```bash"
+            continue
+        indented = raw.startswith("    ") and not raw.lstrip().startswith(("-", "*"))
+        body = raw.strip()
+        if fenced or indented:
+            body = re.split(r"\s#\s|\s+#$", body, maxsplit=1)[0].strip()
+            if not body or body.startswith("#"):
+                continue
+            if body.startswith("[") and out:
+                out[-1] += " " + body
+                continue
+            if fenced or re.match(r"^(recpipe|locust|\.ci/|export|docker|python|pip)\b", body):
+                out.append(" ".join(body.split()))
+        else:
+            m = re.match(r"^\| `((?:recpipe|locust) [^`]+)` \|", raw)
+            if m:
+                out.append(m.group(1))
+    return out
+
+
+def _bracketless(cmd: str) -> str:
+    """A synopsis without its optional ``[...]`` parts."""
+    return " ".join(re.sub(r"\[[^\]]*\]", " ", cmd).split())
+
+
+CASES: dict[str, tuple[str, str]] = {
+    "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && pip install -e . && recpipe demo":
+        (SKIP, "install steps: this environment is their result; `recpipe demo` runs below"),
+    'python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && pip install -e ".[dev]" && '
+    "python -m pytest -q": (SKIP, "the install is this environment, and the test command is this suite"),
+    "pip install -e . && pip uninstall -y faiss-cpu && pip install faiss-gpu-cu12":
+        (SKIP, "GPU wheel swap: needs a CUDA machine and a package index"),
+    "recpipe synth-data --out data --scale 0.1 --seed 0": (RUN, "--scale 0.005"),
+    "recpipe train --data data/ --out models/ [--device auto|cpu|cuda] [--epochs N] [--seed N] "
+    "[--index auto|flat|ivf|hnsw] [--threads N] [--preprocess polars|nvtabular] [--force] [--quiet]":
+        (RUN, "the session fixture small_models runs `train --data D --out M --epochs 1`; the default "
+              "models/ of a fresh clone is test_train_into_the_default_models_dir_of_a_clone"),
+    ".ci/nvtabular-env.sh ~/.venvs/recpipe-nvt": (SKIP, "builds the NVTabular venv (4 min, Python 3.11); CI"),
+    "export RECPIPE_NVTABULAR_PYTHON=~/.venvs/recpipe-nvt/bin/python": (SKIP, "NVTabular venv; CI"),
+    "recpipe train --data data/ --out models/ --preprocess nvtabular":
+        (SKIP, "needs the NVTabular venv; tests/nvtabular run it where it exists"),
+    "recpipe serve --models models --data data": (RUN, "--port 0"),
+    "recpipe recommend --user-id 42 [--num-candidates 500] [--num-results 10] [--target 127.0.0.1:50051]":
+        (RUN, "gateway port"),
+    "recpipe demo [--scale 0.02] [--queries 300] [--workdir demo] [--force]":
+        (RUN, "--queries 20, the workdir holding the session's data and models"),
+    "recpipe querygen --target 127.0.0.1:50051 --queries 2000 --warmup 5 --out seq.json --plot seq/":
+        (RUN, "--queries 20 --warmup 0.2"),
+    "recpipe querygen --per-component --features :50052 --retrieval :50053 --ranking :50054 --queries 2000":
+        (RUN, "--queries 20, stage ports"),
+    "recpipe querygen --target 127.0.0.1:50051 --mode open --rate 200 --duration 60 --warmup 10 --out open.json":
+        (RUN, "--rate 20 --duration 1 --warmup 0.2"),
+    "recpipe querygen --target 127.0.0.1:50051 --mode closed --concurrency 8 --duration 60":
+        (RUN, "--concurrency 2 --duration 1"),
+    "recpipe querygen --target 127.0.0.1:50051 --mode open --rate 10 --slo-p99-ms 50 --duration 20 "
+    "--out slo.json --plot slo/": (RUN, "--duration 0.5 per step"),
+    "recpipe querygen --target 127.0.0.1:50051 --duration 10 --stability-percent 5 --out stable.json":
+        (RUN, "--duration 0.3 --stability-percent 50 --max-windows 4"),
+    "recpipe querygen --target 127.0.0.1:50051 --mode open --arrivals-file intervals.txt --duration 30":
+        (RUN, "--duration 1, an intervals.txt of three intervals"),
+    "recpipe report x86.json gh200.json --labels x86+H100,GH200 --out report/":
+        (RUN, "x86.json and gh200.json are two sequential runs"),
+    "recpipe bench datagen --scale 1": (RUN, "--scale 0.002"),
+    "recpipe bench preprocess --data D": (SKIP, "needs the NVTabular venv (tests/nvtabular)"),
+    "recpipe bench features --models M --data D": (RUN, "--queries 3 --warmup 1"),
+    "recpipe bench retrieval --models M --data D": (RUN, "--queries 3 --warmup 1"),
+    "recpipe bench ranking --models M --data D --batch 500": (RUN, "--calls 3 --warmup 1"),
+    "recpipe bench chain --models M --data D --threads 1": (RUN, "--queries 5 --warmup 2"),
+    "recpipe bench querygen": (RUN, "--rates 100 --duration 0.3 --warmup 0.1"),
+    "recpipe bench hop": (RUN, "--calls 20 --warmup 5"),
+    "recpipe bench overload --models M --data D --rate R":
+        (RUN, "--target (the served chain) --rate 10, phases of 1 s"),
+    "recpipe serve --models models --data data &": (RUN, "the same serve as above, in the background"),
+    "locust -f loadtest/ --headless -u 8 -r 8 -t 30s --host 127.0.0.1:50051 --csv runs/locust":
+        (RUN, "-u 2 -r 2 -t 3s"),
+    "locust -f loadtest/ --host 127.0.0.1:50051": (RUN, "web UI on a free port, stopped once it answers"),
+    "docker compose up -d --build": (SKIP, "needs a Docker engine (compose files: tests/unit/test_compose.py)"),
+    "docker compose -f docker-compose.yml -f docker-compose.cpu.yml up -d --build": (SKIP, "Docker engine"),
+    'RECPIPE_SCALE=0.05 RECPIPE_TRAIN_ARGS="--epochs 1" docker compose up -d --build': (SKIP, "Docker engine"),
+    "docker compose --profile loadtest up -d locust": (SKIP, "Docker engine"),
+    "docker compose down -v": (SKIP, "Docker engine"),
+    "docker compose up -d --scale ranking=3 --scale features=2": (SKIP, "Docker engine"),
+    "docker compose restart gateway": (SKIP, "Docker engine"),
+    "bash .ci/base-image.sh": (SKIP, "Docker engine; .ci/compose-smoke.sh runs it"),
+    "docker build -t recpipe:cpu --network host --build-arg VARIANT=cpu --build-arg "
+    "PYTHON_IMAGE=recpipe-python:3.11-bookworm --build-arg TORCH_INDEX_URL=http://127.0.0.1:8000/simple .":
+        (SKIP, "Docker engine; .ci/compose-smoke.sh runs this build with its own index port"),
+    "RECPIPE_VARIANT=cpu docker compose -f docker-compose.yml -f docker-compose.cpu.yml -f "
+    "docker-compose.hostnet.yml up -d": (SKIP, "Docker engine; .ci/compose-smoke.sh runs it"),
+}
+
+def test_every_readme_command_has_a_case() -> None:
+    found = readme_commands()
+    assert len(found) >= 30, found
+    missing = [c for c in found if c not in CASES]
+    stale = [c for c in CASES if c not in found]
+    assert not missing, f"README commands without a case in {__file__}: {missing}"
+    assert not stale, f"cases for commands no longer in README.md: {stale}"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _argv(cmd: str, ports: dict[str, int], **small: str) -> list[str]:
+    """The README command's arguments after ``recpipe``: targets on this test's ports, host-less
+    forms kept host-less, and ``small`` replacing the value of each named flag."""
+    cmd = _bracketless(cmd)
+    cmd = cmd.replace("127.0.0.1:50051", f"127.0.0.1:{ports['gateway']}")
+    for name, default in (("features", 50052), ("retrieval", 50053), ("ranking", 50054)):
+        cmd = cmd.replace(f":{default}", f":{ports[name]}")
+    words = shlex.split(cmd)
+    assert words[0] == "recpipe", cmd
+    words = words[1:]
+    for flag, value in small.items():
+        flag = "--" + flag.replace("_", "-")
+        if flag in words:
+            words[words.index(flag) + 1] = value
+        else:
+            words += [flag, value]
+    return words
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory: pytest.TempPathFactory, small_dataset: Path, small_models: Path) -> Path:
+    """A working directory laid out like a clone after synth-data and train: data/, models/ and the
+    loadtest/ directory."""
+    d = tmp_path_factory.mktemp("readme")
+    (d / "data").symlink_to(small_dataset, target_is_directory=True)
+    (d / "models").symlink_to(small_models, target_is_directory=True)
+    (d / "loadtest").symlink_to(ROOT / "loadtest", target_is_directory=True)
+    return d
+
+
+@pytest.fixture(scope="module")
+def served(clone: Path) -> Iterator[tuple[dict[str, int], subprocess.Popen[str]]]:
+    """README: ``recpipe serve --models models --data data`` (``--port 0``), in the clone."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "recpipe", "serve", "--models", "models", "--data", "data", "--port", "0"],
+        cwd=clone, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    ports: dict[str, int] = {}
+    lines: list[str] = []
+    deadline = time.monotonic() + 180
+    try:
+        while len(ports) < 4 and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            words = line.split()
+            if words and words[0] in ("gateway", "features", "retrieval", "ranking") and ":" in words[1]:
+                ports[words[0]] = int(words[1].rsplit(":", 1)[1])
+        assert len(ports) == 4, "".join(lines)
+        text = "".join(lines)
+        assert "recpipe-stage-ready" not in text  # the stages' handshakes stay off stdout
+        machine = next(line for line in lines if line.startswith("machine: "))
+        assert re.search(r"\d+ cores, GPU .+ \| features cpu .+, retrieval cpu .+, ranking cpu .+, gateway cpu",
+                         machine), machine
+        yield ports, proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _ok(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    rc = main(argv)
+    captured = capsys.readouterr()
+    assert rc == 0, (argv, captured.err[-2000:])
+    return captured.out
+
+
+def _locust_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(("RECPIPE_", "LOCUST_"))}
+
+
+def test_every_readme_command_works_at_small_scale(
+    clone: Path, served: tuple[dict[str, int], subprocess.Popen[str]], small_models: Path, small_dataset: Path,
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ports, _ = served
+    monkeypatch.chdir(clone)
+    done: set[str] = set()
+
+    def case(cmd: str) -> str:
+        assert CASES[cmd][0] == RUN, cmd
+        done.add(cmd)
+        return cmd
+
+    # --- synth-data: its summary reaches stdout even when stdout is not a terminal ---
+    cmd = case("recpipe synth-data --out data --scale 0.1 --seed 0")
+    out = _ok(_argv(cmd.replace("--out data", "--out fresh-data"), ports, scale="0.005"), capsys)
+    assert out.startswith("wrote fresh-data: ") and "oracle AUC 0." in out
+    # --- train: the session's small_models fixture ran it (into a fresh directory) ---
+    done.add(case(next(c for c in CASES if c.startswith("recpipe train --data data/ --out models/ [--device"))))
+    assert (small_models / "manifest.json").exists()
+    # --- serve (the fixture) and recommend ---
+    done.add(case("recpipe serve --models models --data data"))
+    done.add(case("recpipe serve --models models --data data &"))
+    cmd = case("recpipe recommend --user-id 42 [--num-candidates 500] [--num-results 10] [--target 127.0.0.1:50051]")
+    out = _ok(_argv(cmd, ports, target=f"127.0.0.1:{ports['gateway']}"), capsys)
+    assert "rank" in out
+    # --- querygen, every README form ---
+    out = _ok(_argv(case("recpipe querygen --target 127.0.0.1:50051 --queries 2000 --warmup 5 --out seq.json "
+                         "--plot seq/"), ports, queries="20", warmup="0.2"), capsys)
+    assert out.splitlines()[1].startswith("machine: ") and "end to end" in out
+    assert sorted(p.name for p in Path("seq").iterdir()) == ["latency_cdf.png", "stage_latency.png"]
+    out = _ok(_argv(case("recpipe querygen --per-component --features :50052 --retrieval :50053 --ranking :50054 "
+                         "--queries 2000"), ports, queries="20"), capsys)
+    assert "per component" in out
+    _ok(_argv(case("recpipe querygen --target 127.0.0.1:50051 --mode open --rate 200 --duration 60 --warmup 10 "
+                   "--out open.json"), ports, rate="20", duration="1", warmup="0.2"), capsys)
+    assert json.loads(Path("open.json").read_text())["send_lag"]["count"] > 0
+    _ok(_argv(case("recpipe querygen --target 127.0.0.1:50051 --mode closed --concurrency 8 --duration 60"), ports,
+              concurrency="2", duration="1"), capsys)
+    _ok(_argv(case("recpipe querygen --target 127.0.0.1:50051 --mode open --rate 10 --slo-p99-ms 50 --duration 20 "
+                   "--out slo.json --plot slo/"), ports, duration="0.5"), capsys)
+    assert json.loads(Path("slo.json").read_text())["slo"]["curve"] and Path("slo/slo_curve.png").exists()
+    _ok(_argv(case("recpipe querygen --target 127.0.0.1:50051 --duration 10 --stability-percent 5 --out stable.json"),
+              ports, duration="0.3", stability_percent="50", max_windows="4"), capsys)
+    assert len(json.loads(Path("stable.json").read_text())["stability"]["windows"]) >= 3
+    Path("intervals.txt").write_text("# microseconds\n50000\n100000\n150000\n")
+    _ok(_argv(case("recpipe querygen --target 127.0.0.1:50051 --mode open --arrivals-file intervals.txt "
+                   "--duration 30"), ports, duration="1"), capsys)
+    # --- report: two runs measured the same way ---
+    shutil.copy("seq.json", "x86.json")
+    _ok(["querygen", "--target", f"127.0.0.1:{ports['gateway']}", "--queries", "20", "--out", "gh200.json",
+         "--quiet"], capsys)
+    out = _ok(_argv(case("recpipe report x86.json gh200.json --labels x86+H100,GH200 --out report/"), ports), capsys)
+    assert "GH200" in out and sorted(p.name for p in Path("report").iterdir()) == [
+        "comparison.png", "latency_cdf.png", "report.md", "stages.png"]
+    # --- bench ---
+    m, d = str(small_models), str(small_dataset)
+    for cmd, small in (
+        ("recpipe bench datagen --scale 1", {"scale": "0.002"}),
+        ("recpipe bench features --models M --data D", {"queries": "3", "warmup": "1"}),
+        ("recpipe bench retrieval --models M --data D", {"queries": "3", "warmup": "1"}),
+        ("recpipe bench ranking --models M --data D --batch 500", {"calls": "3", "warmup": "1"}),
+        ("recpipe bench chain --models M --data D --threads 1", {"queries": "5", "warmup": "2"}),
+        ("recpipe bench querygen", {"rates": "100", "duration": "0.3", "warmup": "0.1"}),
+        ("recpipe bench hop", {"calls": "20", "warmup": "5"}),
+        ("recpipe bench overload --models M --data D --rate R",
+         {"target": f"127.0.0.1:{ports['gateway']}", "rate": "10", "base_s": "1", "overload_s": "1",
+          "recovery_s": "0.5"}),
+    ):
+        argv = _argv(case(cmd).replace(" M ", f" {m} ").replace(" D", f" {d}"), ports, **small)
+        _ok(argv, capsys)
+    # --- locust: headless (stage rows in µs, the Aggregated row not inflated), then the web UI ---
+    cmd = case("locust -f loadtest/ --headless -u 8 -r 8 -t 30s --host 127.0.0.1:50051 --csv runs/locust")
+    argv = shlex.split(cmd.replace("127.0.0.1:50051", f"127.0.0.1:{ports['gateway']}")
+                       .replace("-u 8 -r 8 -t 30s", "-u 2 -r 2 -t 3s"))
+    proc = subprocess.run([sys.executable, "-m", *argv], cwd=clone, env=_locust_env(), capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (clone / "runs" / "locust_stats.csv").exists()
+    # The final summary (the CSV is rewritten about once a second and may trail the run: locust_stats.py)
+    rows = {name: (r["Type"], int(r["Request Count"])) for name, r in final_stats(proc.stderr).items()}
+    assert rows["stage:rank"][0] == "stage_us" and rows["stage:rank"][1] == rows["Recommend"][1] > 0
+    assert rows["Aggregated"][1] == rows["Recommend"][1]  # stage rows do not inflate it
+    cmd = case("locust -f loadtest/ --host 127.0.0.1:50051")
+    web = _free_port()
+    argv = shlex.split(cmd.replace("127.0.0.1:50051", f"127.0.0.1:{ports['gateway']}"))
+    ui = subprocess.Popen([sys.executable, "-m", *argv, "--web-host", "127.0.0.1", "--web-port", str(web)],
+                          cwd=clone, env=_locust_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        status = 0
+        while time.monotonic() < deadline and not status:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{web}/", timeout=2) as r:
+                    status = r.status
+            except OSError:
+                time.sleep(0.3)
+        assert status == 200
+    finally:
+        ui.terminate()
+        ui.wait(30)
+    # --- demo: reuses a workdir holding data/ and models/ ---
+    demo = clone / "demo"
+    demo.mkdir()
+    (demo / "data").symlink_to(small_dataset, target_is_directory=True)
+    (demo / "models").symlink_to(small_models, target_is_directory=True)
+    argv = _argv(case("recpipe demo [--scale 0.02] [--queries 300] [--workdir demo] [--force]"), ports,
+                 queries="20", workdir="demo")
+    rc = main(argv)
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err[-2000:]
+    out, err = captured.out, captured.err
+    assert "reusing" in err and "reusing" not in out and "recpipe-stage-ready" not in out
+    lines = out.splitlines()
+    assert lines[0].startswith("recpipe querygen: mode sequential") and "20 queries" in lines[0]
+    assert lines[1].startswith("machine: ") and "ranking cpu" in lines[1]
+    runs = sorted(demo.glob("run-*.json"))
+    assert len(runs) == 1 and json.loads(runs[0].read_text())["queries"] == 20
+    assert sorted(p.name for p in demo.glob("charts-*/*.png")) == ["latency_cdf.png", "stage_latency.png"]
+    assert "next, try:" in out and f"recpipe report {Path('demo') / runs[0].name} seq.json" in out
+
+    assert done == {c for c, (how, _) in CASES.items() if how == RUN}
+
+
+def test_train_into_the_default_models_dir_of_a_clone(tmp_path: Path, small_dataset: Path,
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    # A fresh clone: models/ holds exactly what git tracks there.
+    tracked = subprocess.run(["git", "ls-files", "models"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.split()
+    for rel in tracked:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / rel, tmp_path / rel)
+    (tmp_path / "data").symlink_to(small_dataset, target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--data", "data/", "--out", "models/", "--epochs", "1", "--quiet"]) == 0

@@ -1,0 +1,224 @@
+"""The dynamic batcher on a real event loop with a real worker thread: batching, the split of the
+time, admission (queue bound, deadline), dropping expired and cancelled requests, and shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Sequence
+
+import pytest
+
+from recpipe.errors import BadRequest, DeadlineExceeded, Overloaded, StageUnavailable, UsageError
+from recpipe.serving.batcher import BatchConfig, Batcher
+
+
+class Core:
+    """Doubles each query; records the batches it ran; can be held at a gate or slowed down."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.batches: list[list[int]] = []
+        self.delay_s = delay_s
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def __call__(self, queries: Sequence[int]) -> list[int | BaseException]:
+        self.gate.wait(10)
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        self.batches.append(list(queries))
+        return [BadRequest(f"bad {q}") if q < 0 else 2 * q for q in queries]
+
+
+def run(coro):  # type: ignore[no-untyped-def]
+    return asyncio.run(coro)
+
+
+def test_concurrent_requests_share_one_core_call_and_get_their_own_answers() -> None:
+    core = Core()
+
+    async def go() -> list:
+        b = Batcher("rank", core, BatchConfig(max_batch=8))
+        core.gate.clear()  # the first request occupies the core while the others queue behind it
+        first = asyncio.create_task(b.submit(100))
+        await asyncio.sleep(0.05)
+        rest = [asyncio.create_task(b.submit(i)) for i in range(8)]
+        await asyncio.sleep(0.05)
+        core.gate.set()
+        out = await asyncio.gather(first, *rest)
+        await b.close()
+        return out
+
+    first, *rest = run(go())
+    assert first.value == 200 and first.batch_size == 1
+    assert [r.value for r in rest] == [2 * i for i in range(8)]
+    assert core.batches == [[100], list(range(8))]
+    assert {r.batch_size for r in rest} == {8}
+    assert all(r.queue_us >= 40_000 and r.compute_us >= 0 for r in rest)  # waited behind the first call
+
+
+def test_max_batch_splits_the_queue_and_one_failure_stays_with_its_request() -> None:
+    core = Core()
+
+    async def go() -> list:
+        b = Batcher("rank", core, BatchConfig(max_batch=3, max_queue=16))
+        core.gate.clear()
+        tasks = [asyncio.create_task(b.submit(i)) for i in (1, 2, -3, 4, 5, 6, 7)]
+        await asyncio.sleep(0.05)
+        core.gate.set()
+        out = await asyncio.gather(*tasks, return_exceptions=True)
+        await b.close()
+        return out
+
+    out = run(go())
+    assert isinstance(out[2], BadRequest)
+    assert [o.value for i, o in enumerate(out) if i != 2] == [2, 4, 8, 10, 12, 14]
+    assert max(len(b) for b in core.batches) == 3
+
+
+def test_queue_delay_waits_for_a_fuller_batch() -> None:
+    core = Core()
+
+    async def go() -> None:
+        b = Batcher("rank", core, BatchConfig(max_batch=4, max_queue_delay_us=200_000))
+        t = [asyncio.create_task(b.submit(1))]
+        await asyncio.sleep(0.02)
+        t += [asyncio.create_task(b.submit(i)) for i in (2, 3, 4)]
+        await asyncio.gather(*t)
+        await b.close()
+
+    run(go())
+    assert core.batches == [[1, 2, 3, 4]]  # the full batch went at once, before the 200 ms delay ran out
+
+
+def test_a_full_queue_is_refused_at_once_with_resource_exhausted() -> None:
+    core = Core()
+
+    async def go() -> tuple[float, list]:
+        b = Batcher("ranking.Rank", core, BatchConfig(max_batch=1, max_queue=2))
+        core.gate.clear()
+        running = asyncio.create_task(b.submit(0))
+        await asyncio.sleep(0.05)
+        queued = [asyncio.create_task(b.submit(i)) for i in (1, 2)]
+        await asyncio.sleep(0.01)
+        t0 = time.perf_counter()
+        with pytest.raises(Overloaded, match=r"ranking.Rank: queue full \(2 requests waiting\)"):
+            await b.submit(3)
+        refused_s = time.perf_counter() - t0
+        core.gate.set()
+        out = await asyncio.gather(running, *queued)
+        await b.close()
+        return refused_s, out
+
+    refused_s, out = run(go())
+    assert refused_s < 0.005
+    assert [o.value for o in out] == [0, 2, 4]
+
+
+def test_a_deadline_shorter_than_the_expected_wait_is_refused() -> None:
+    core = Core(delay_s=0.05)
+
+    async def go() -> None:
+        b = Batcher("retrieval.Retrieve", core, BatchConfig(max_batch=1))
+        await b.submit(1)  # teaches the batcher its service time (~50 ms)
+        assert b.request_s >= 0.04
+        with pytest.raises(Overloaded, match="ms left of the deadline"):
+            await b.submit(2, deadline=time.monotonic() + 0.01)
+        with pytest.raises(DeadlineExceeded):
+            await b.submit(2, deadline=time.monotonic() - 0.001)
+        assert (await b.submit(3, deadline=time.monotonic() + 5)).value == 6
+        await b.close()
+
+    run(go())
+
+
+def test_the_estimate_is_per_request_so_an_idle_stage_admits_again_after_big_batches() -> None:
+    core = Core(delay_s=0.2)
+
+    async def go() -> None:
+        b = Batcher("rank", core, BatchConfig(max_batch=8, max_queue_delay_us=50_000))
+        await asyncio.gather(*(b.submit(i) for i in range(8)))  # one batch of 8 in 200 ms
+        assert core.batches == [list(range(8))]
+        assert 0.02 <= b.request_s < 0.05  # ~25 ms per request, not the 200 ms of the batch
+        core.delay_s = 0.0
+        # a lone request with 150 ms left fits: a per-batch estimate (200 ms) would refuse it for good
+        assert (await b.submit(9, deadline=time.monotonic() + 0.15)).value == 18
+        await b.close()
+
+    run(go())
+
+
+def test_a_request_that_expires_in_the_queue_is_dropped_before_any_work() -> None:
+    core = Core()
+
+    async def go() -> None:
+        b = Batcher("rank", core, BatchConfig(max_batch=1))
+        core.gate.clear()
+        running = asyncio.create_task(b.submit(0))
+        await asyncio.sleep(0.02)
+        doomed = asyncio.create_task(b.submit(1, deadline=time.monotonic() + 0.05))
+        await asyncio.sleep(0.1)
+        core.gate.set()
+        await running
+        with pytest.raises(DeadlineExceeded, match="while queued"):
+            await doomed
+        await b.close()
+
+    run(go())
+    assert core.batches == [[0]]
+
+
+def test_a_cancelled_request_frees_its_slot_and_is_never_computed() -> None:
+    core = Core()
+
+    async def go() -> None:
+        b = Batcher("rank", core, BatchConfig(max_batch=1, max_queue=1))
+        core.gate.clear()
+        running = asyncio.create_task(b.submit(0))
+        await asyncio.sleep(0.02)
+        waiting = asyncio.create_task(b.submit(1))
+        await asyncio.sleep(0.01)
+        assert b.queued == 1
+        waiting.cancel()
+        await asyncio.sleep(0)
+        assert b.queued == 0
+        again = asyncio.create_task(b.submit(2))  # the slot is free again
+        await asyncio.sleep(0.01)
+        core.gate.set()
+        assert (await running).value == 0 and (await again).value == 4
+        await b.close()
+
+    run(go())
+    assert core.batches == [[0], [2]]
+
+
+def test_close_fails_queued_requests_with_unavailable() -> None:
+    core = Core()
+
+    async def go() -> None:
+        b = Batcher("ranking.Rank", core, BatchConfig(max_batch=1))
+        core.gate.clear()
+        running = asyncio.create_task(b.submit(0))
+        await asyncio.sleep(0.02)
+        queued = asyncio.create_task(b.submit(1))
+        await asyncio.sleep(0.01)
+        await b.close()
+        core.gate.set()
+        for task in (running, queued):  # neither hangs: both are answered, naming the stage
+            with pytest.raises(StageUnavailable, match=r"ranking\.Rank"):
+                await task
+        with pytest.raises(StageUnavailable):
+            await b.submit(2)
+
+    run(go())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"max_batch": 0}, "--max-batch must be >= 1"), ({"max_queue_delay_us": -1}, "--max-queue-delay-us must be >= 0"),
+     ({"max_batch": 8, "max_queue": 4}, r"--max-queue \(4\) must be >= --max-batch \(8\)")],
+)
+def test_bad_knobs_are_usage_errors(kwargs: dict, message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        BatchConfig(**kwargs)
