@@ -10,7 +10,8 @@ Modelled on Triton's dynamic batcher and queue policy and Ray Serve's ``@serve.b
 - **admission**: a request is refused at once with ``Overloaded`` (RESOURCE_EXHAUSTED) when the queue
   is full, or when its remaining deadline is shorter than the stage's recent service time per request
   times the requests queued and running ahead of it plus its own (it could not finish in time, so
-  doing its work would only delay the others);
+  doing its work would only delay the others). With nobody ahead the shortfall is the deadline's,
+  not the load's, and the answer is DEADLINE_EXCEEDED;
 - a queued request whose deadline passes, or whose caller cancels, is dropped before any work is done
   on it and frees its slot at once;
 - every answer carries its queue time, the compute time of the core call and the batch size, the
@@ -124,7 +125,12 @@ class Batcher(Generic[Q, R]):
             left = deadline - time.monotonic()
             if left <= 0:
                 raise DeadlineExceeded(f"{self.stage}: deadline passed before the request was queued")
-            expected = (len(self._queue) + len(self._running) + 1) * self.request_s
+            ahead = len(self._queue) + len(self._running)
+            expected = (ahead + 1) * self.request_s
+            if left < expected and not ahead:
+                # an idle stage could not make it either: the deadline is too short, not the stage too busy
+                raise DeadlineExceeded(f"{self.stage}: {left * 1e3:.2f} ms left of the deadline, less than the "
+                                       f"stage's recent service time {expected * 1e3:.2f} ms")
             if left < expected:
                 raise Overloaded(f"{self.stage}: {left * 1e3:.1f} ms left of the deadline, less than the "
                                  f"{expected * 1e3:.1f} ms the {len(self._queue)} queued and "

@@ -123,8 +123,15 @@ def test_a_deadline_shorter_than_the_expected_wait_is_refused() -> None:
         b = Batcher("retrieval.Retrieve", core, BatchConfig(max_batch=1))
         await b.submit(1)  # teaches the batcher its service time (~50 ms)
         assert b.request_s >= 0.04
-        with pytest.raises(Overloaded, match="ms left of the deadline"):
+        # idle: a 10 ms deadline is too short for the stage at all
+        with pytest.raises(DeadlineExceeded, match="less than the stage's recent service time"):
             await b.submit(2, deadline=time.monotonic() + 0.01)
+        # busy: 80 ms would do alone, but not behind a running request
+        running = asyncio.create_task(b.submit(3))
+        await asyncio.sleep(0.005)
+        with pytest.raises(Overloaded, match="ms left of the deadline"):
+            await b.submit(2, deadline=time.monotonic() + 0.08)
+        await running
         with pytest.raises(DeadlineExceeded):
             await b.submit(2, deadline=time.monotonic() - 0.001)
         assert (await b.submit(3, deadline=time.monotonic() + 5)).value == 6
