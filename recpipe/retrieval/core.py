@@ -3,6 +3,13 @@
 Backends: the FAISS index on CPU; on a CUDA device the same index moved to the GPU when the
 installed faiss has GPU support (flat, IVF), otherwise exact search with torch (matmul + topk) over
 the item embeddings on the GPU.
+
+``precision`` (``--retrieval-precision``): ``auto`` is fp16 exact search on a CUDA device (half the
+bytes to scan, the top ``rescore`` x k re-scored in fp32) and the FAISS index on the CPU; ``fp32``
+keeps the backends above; ``fp16``/``bf16`` use the torch exact search in that dtype on any device
+(on the CPU: the twin of the GPU path that the tests run). Its recall@500 against the fp32 exact
+search is measured at load and reported in ``details``. On CUDA the user tower replays a CUDA graph
+per bucketed batch size (``cuda_graphs``), and transfers go through pinned buffers on one stream.
 """
 
 from __future__ import annotations
@@ -17,7 +24,9 @@ import torch
 from safetensors.torch import load_file
 
 from recpipe import device as devices
-from recpipe.errors import ArtifactMismatch
+from recpipe.config import DEFAULT_RESCORE, MAX_RESCORE, RETRIEVAL_PRECISIONS
+from recpipe.cuda_graphs import GraphRunner, bucket, mode_for
+from recpipe.errors import ArtifactMismatch, UsageError
 from recpipe.nn import load_state
 from recpipe.repository import Repository
 from recpipe.retrieval import index as faiss_index
@@ -30,13 +39,26 @@ from recpipe.retrieval.files import (
     TWO_TOWER_FILE,
 )
 from recpipe.retrieval.model import Tower, TwoTowerConfig
+from recpipe.transfer import DeviceIO
 from recpipe.types import Candidates, UserFeatures
+
+#: Recall@k (k = 500) of the half-precision search against fp32 exact search it must reach.
+HALF_RECALL_TARGET = 0.99
 
 
 class RetrievalCore:
     """``retrieve(user, k)`` -> the k best item ids for the user, scores descending."""
 
-    def __init__(self, repo: Repository, dev: torch.device) -> None:
+    def __init__(self, repo: Repository, dev: torch.device, *, cuda_graphs: bool = True, precision: str = "auto",
+                 rescore: int = DEFAULT_RESCORE, graphs: str | None = None) -> None:
+        """``graphs`` overrides the mode ``cuda_graphs`` picks (``padded`` runs the CPU twin of graphs)."""
+        if precision not in RETRIEVAL_PRECISIONS:
+            raise UsageError(f"--retrieval-precision must be one of {', '.join(RETRIEVAL_PRECISIONS)}, "
+                             f"got {precision!r}")
+        if not 0 <= rescore <= MAX_RESCORE:
+            raise UsageError(f"--rescore must be in 0..{MAX_RESCORE}, got {rescore}")
+        if precision == "auto":
+            precision = "fp16" if dev.type == "cuda" else "fp32"
         shapes = repo.section("shapes")
         cfg = TwoTowerConfig.from_json(repo.json(TWO_TOWER_CONFIG_FILE), str(repo.root / TWO_TOWER_CONFIG_FILE))
         spec = faiss_index.IndexSpec.from_json(repo.json(INDEX_SPEC_FILE), str(repo.root / INDEX_SPEC_FILE))
@@ -58,10 +80,21 @@ class RetrievalCore:
         self.tower = Tower(cfg.user_dense_dim, cfg.user_table_sizes, cfg.embedding_dim, cfg.hidden_dims, cfg.out_dim)
         load_state(repo.file(TWO_TOWER_FILE), self.tower, "user_tower.")
         self.tower = self.tower.to(dev).eval()
+        self.io = DeviceIO(dev)
+        self._tower = GraphRunner(self.tower, dev, graphs or mode_for(dev, cuda_graphs))
+        self.precision = precision
         self.index: Any = None
         self.exact: faiss_index.TorchExactSearch | None = None
         backend = "faiss-cpu"
-        if dev.type == "cuda":
+        half_recall: float | None = None
+        self.half_recall: float | None = None
+        if precision != "fp32":
+            emb = self.item_embeddings()
+            self.exact = faiss_index.TorchExactSearch(emb, dev, precision, rescore)
+            backend = f"torch-exact-{precision}" + (f"+fp32-rescore-x{rescore}" if rescore else "")
+            half_recall = faiss_index.half_recall(emb, dev, precision, rescore)
+            del emb
+        elif dev.type == "cuda":
             gpu_faiss = hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
             if gpu_faiss and spec.kind in ("flat", "ivf"):
                 cpu_index = faiss_index.load(repo.file(INDEX_FILE), spec)
@@ -85,12 +118,24 @@ class RetrievalCore:
             "recall_at_100": f"{spec.recall_at_100:.4f}",
             "backend": backend,
             "device": self.device,
+            "precision": precision,
+            "cuda_graphs": self._tower.mode,
         }
+        if half_recall is not None:
+            # measured at load with 256 item vectors as the queries (no user features here)
+            self.details[f"{precision}_recall_at_500_vs_fp32"] = f"{half_recall:.4f}"
+            self.details[f"{precision}_recall_target"] = f"{HALF_RECALL_TARGET}"
+            self.half_recall = half_recall
+        if self._tower.mode == "graph":  # capture the single-query shape now, not at the first request
+            self.query_embeddings(np.zeros((1, self.user_dense_dim), np.float32),
+                                  np.zeros((1, len(self.user_table_sizes)), np.int64))
         self._fallback: faiss.Index | None = None
 
     @classmethod
-    def load(cls, models_dir: Path, device: str = "auto") -> RetrievalCore:
-        return cls(Repository.open(Path(models_dir)), devices.resolve(device))
+    def load(cls, models_dir: Path, device: str = "auto", *, cuda_graphs: bool = True, precision: str = "auto",
+             rescore: int = DEFAULT_RESCORE, graphs: str | None = None) -> RetrievalCore:
+        return cls(Repository.open(Path(models_dir)), devices.resolve(device), cuda_graphs=cuda_graphs,
+                   precision=precision, rescore=rescore, graphs=graphs)
 
     def item_embeddings(self) -> np.ndarray:
         """(num_items, D) float32 item embeddings from the repository (verified), read on demand."""
@@ -111,11 +156,14 @@ class RetrievalCore:
         return RetrievalLimits(self.user_dense_dim, self.user_table_sizes, self.num_items)
 
     def query_embeddings(self, dense: np.ndarray, sparse: np.ndarray) -> torch.Tensor:
-        """(B, Du) + (B, 44) -> (B, D) query vectors on the core's device."""
-        with torch.inference_mode():
-            d = torch.from_numpy(np.ascontiguousarray(dense, dtype=np.float32)).to(self.torch_device)
-            s = torch.from_numpy(np.ascontiguousarray(sparse, dtype=np.int64)).to(self.torch_device)
-            return self.tower(d, s)
+        """(B, Du) + (B, 44) -> (B, D) query vectors on the core's device (the batch padded to its bucket
+        when the tower runs as a graph, or as the graph's CPU twin)."""
+        b = dense.shape[0]
+        rows = bucket(b) if self._tower.padded else b
+        with torch.inference_mode(), self.io.stream():
+            out = self._tower(self.io.put("dense", dense, np.float32, rows), self.io.put("sparse", sparse, np.int64, rows))
+            # a graph's output is overwritten by its next replay: the caller gets its own copy
+            return out[:b].clone() if self._tower.mode == "graph" else out[:b]
 
     def retrieve(self, user: UserFeatures, k: int, nprobe: int = 0, ef_search: int = 0) -> Candidates:
         """The k best items for ``user`` (the arguments checked by ``RetrieveQuery``)."""
@@ -133,9 +181,15 @@ class RetrievalCore:
         for i, q in enumerate(queries):
             groups.setdefault(q.search_key, []).append(i)
         for (k, nprobe, ef_search), rows in groups.items():
-            sel = emb if len(rows) == len(queries) else emb[torch.as_tensor(rows, device=emb.device)]
+            if len(rows) == len(queries):
+                sel = emb
+            else:
+                with self.io.stream():
+                    sel = emb.index_select(0, self.io.to_device(self.io.put("rows", np.asarray(rows), np.int64)))
             if self.exact is not None:
-                scores, ids = self.exact.search(sel, k)
+                with torch.inference_mode(), self.io.stream():
+                    s_dev, i_dev = self.exact.search_tensors(sel, k)
+                    ids, scores = self.io.fetch_many([("ids", i_dev), ("scores", s_dev)], len(rows))
             else:
                 scores, ids = self._search(sel.float().cpu().numpy(), k, nprobe, ef_search)
             for j, i in enumerate(rows):

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from recpipe.errors import DeadlineExceeded, Overloaded, StageUnavailable, UsageError
+from recpipe.serving import nvtx
 
 Q = TypeVar("Q")
 R = TypeVar("R")
@@ -81,6 +82,7 @@ class _Pending(Generic[Q, R]):
     future: asyncio.Future[Batched[R]]
     deadline: float | None  # time.monotonic() instant
     enqueued_ns: int
+    nvtx_queue: int | None = None
 
 
 class Batcher(Generic[Q, R]):
@@ -94,6 +96,7 @@ class Batcher(Generic[Q, R]):
         self.stage = stage
         self.fn = fn
         self.config = config or BatchConfig()
+        self._nvtx_queue, self._nvtx_compute = (f"{nvtx.step_prefix(stage)}.{step}" for step in ("queue", "compute"))
         self._queue: deque[_Pending[Q, R]] = deque()
         self._wake: asyncio.Event | None = None
         self._worker: asyncio.Task[None] | None = None
@@ -128,6 +131,7 @@ class Batcher(Generic[Q, R]):
             self._worker = loop.create_task(self._run(), name=f"{self.stage}-batcher")
         pending: _Pending[Q, R] = _Pending(query, loop.create_future(), deadline, time.perf_counter_ns())
         self._queue.append(pending)
+        pending.nvtx_queue = nvtx.start(self._nvtx_queue)
         assert self._wake is not None
         self._wake.set()
         try:
@@ -168,6 +172,9 @@ class Batcher(Generic[Q, R]):
             if not batch:
                 continue
             start = time.perf_counter_ns()
+            for p in batch:
+                nvtx.end(p.nvtx_queue)
+            compute_range = nvtx.start(self._nvtx_compute)
             try:
                 answers = await loop.run_in_executor(self._executor, self.fn, [p.query for p in batch])
                 if len(answers) != len(batch):
@@ -175,6 +182,7 @@ class Batcher(Generic[Q, R]):
             except Exception as e:  # the whole core call failed: every request in it gets the error
                 answers = [e] * len(batch)
             end = time.perf_counter_ns()
+            nvtx.end(compute_range)
             compute_us = (end - start) // 1000
             seconds = (end - start) / 1e9
             self.service_s = seconds if self.batches == 0 else (1 - _EWMA) * self.service_s + _EWMA * seconds
