@@ -85,6 +85,8 @@ class GraphRunner:
 
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
         if self.mode != "graph":
+            if self.device.type == "cpu":  # host inputs already: not even a no-op .to() per input
+                return self.fn(*inputs)
             return self.fn(*(x.to(self.device, non_blocking=True) for x in inputs))
         key = tuple((tuple(x.shape), x.dtype) for x in inputs)
         entry = self._graphs.get(key)

@@ -27,6 +27,7 @@ import torch
 
 from recpipe.errors import UsageError
 
+_NULL = contextlib.nullcontext()
 _TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.int64): torch.int64}
 
 
@@ -40,17 +41,17 @@ class DeviceIO:
         self._stream = torch.cuda.Stream(device) if self.cuda else None
         self._done = torch.cuda.Event() if self.cuda else None
 
+    def stream(self) -> contextlib.AbstractContextManager[Any]:
+        """Run the body on the stage's CUDA stream (a shared null context on the CPU)."""
+        return _NULL if self._stream is None else self._on_stream()
+
     @contextlib.contextmanager
-    def stream(self) -> Iterator[None]:
-        """Run the body on the stage's CUDA stream (nothing on the CPU)."""
-        if self._stream is None:
-            yield
-            return
+    def _on_stream(self) -> Iterator[None]:
+        assert self._stream is not None and self._done is not None
         try:
             with torch.cuda.stream(self._stream):
                 yield
         finally:
-            assert self._done is not None
             self._done.record(self._stream)
 
     def _buffer(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

@@ -163,7 +163,9 @@ class RetrievalCore:
         with torch.inference_mode(), self.io.stream():
             out = self._tower(self.io.put("dense", dense, np.float32, rows), self.io.put("sparse", sparse, np.int64, rows))
             # a graph's output is overwritten by its next replay: the caller gets its own copy
-            return out[:b].clone() if self._tower.mode == "graph" else out[:b]
+            if self._tower.mode == "graph":
+                return out[:b].clone()
+            return out if rows == b else out[:b]
 
     def retrieve(self, user: UserFeatures, k: int, nprobe: int = 0, ef_search: int = 0) -> Candidates:
         """The k best items for ``user`` (the arguments checked by ``RetrieveQuery``)."""
