@@ -62,16 +62,15 @@ class RankingStage(CoreStage[RankingCoreLike]):
         start = perf_counter_ns()
         deadline = check_deadline(context, self.name)
         core = self._ready()
-        decode = nvtx.start("rank.decode")
-        item_dense = codec.decode(request.item_dense, "item_dense", "float32", (None, core.item_dense_dim))
-        query = RankQuery.checked(
-            codec.decode(request.user_dense, "user_dense", "float32", (core.user_dense_dim,)),
-            codec.decode(request.user_sparse, "user_sparse", "int64", (USER_SPARSE_DIM,)),
-            item_dense,
-            codec.decode(request.item_sparse, "item_sparse", "int64", (item_dense.shape[0], ITEM_SPARSE_DIM)),
-            core.limits,
-        )
-        nvtx.end(decode)
+        with nvtx.range("rank.decode"):
+            item_dense = codec.decode(request.item_dense, "item_dense", "float32", (None, core.item_dense_dim))
+            query = RankQuery.checked(
+                codec.decode(request.user_dense, "user_dense", "float32", (core.user_dense_dim,)),
+                codec.decode(request.user_sparse, "user_sparse", "int64", (USER_SPARSE_DIM,)),
+                item_dense,
+                codec.decode(request.item_sparse, "item_sparse", "int64", (item_dense.shape[0], ITEM_SPARSE_DIM)),
+                core.limits,
+            )
         done = await self._rank.submit(query, deadline)
         with nvtx.range("rank.encode"):
             return ranking_pb2.RankResponse(

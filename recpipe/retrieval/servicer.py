@@ -64,13 +64,12 @@ class RetrievalStage(CoreStage[RetrievalCoreLike]):
         start = perf_counter_ns()
         deadline = check_deadline(context, self.name)
         core = self._ready()
-        decode = nvtx.start("retrieve.decode")
-        query = RetrieveQuery.checked(
-            codec.decode(request.user_dense, "user_dense", "float32", (core.user_dense_dim,)),
-            codec.decode(request.user_sparse, "user_sparse", "int64", (USER_SPARSE_DIM,)),
-            int(request.k), core.limits, int(request.nprobe), int(request.ef_search),
-        )
-        nvtx.end(decode)
+        with nvtx.range("retrieve.decode"):
+            query = RetrieveQuery.checked(
+                codec.decode(request.user_dense, "user_dense", "float32", (core.user_dense_dim,)),
+                codec.decode(request.user_sparse, "user_sparse", "int64", (USER_SPARSE_DIM,)),
+                int(request.k), core.limits, int(request.nprobe), int(request.ef_search),
+            )
         done = await self._retrieve.submit(query, deadline)
         with nvtx.range("retrieve.encode"):
             return retrieval_pb2.RetrieveResponse(

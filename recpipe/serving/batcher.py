@@ -140,6 +140,7 @@ class Batcher(Generic[Q, R]):
             # The caller went away: free the slot now rather than when the worker reaches it.
             with contextlib.suppress(ValueError):
                 self._queue.remove(pending)
+                nvtx.end(pending.nvtx_queue)
             pending.future.cancel()
             raise
 
@@ -172,8 +173,6 @@ class Batcher(Generic[Q, R]):
             if not batch:
                 continue
             start = time.perf_counter_ns()
-            for p in batch:
-                nvtx.end(p.nvtx_queue)
             compute_range = nvtx.start(self._nvtx_compute)
             try:
                 answers = await loop.run_in_executor(self._executor, self.fn, [p.query for p in batch])
@@ -214,6 +213,8 @@ class Batcher(Generic[Q, R]):
         now = time.monotonic()
         while self._queue and len(batch) < n:
             p = self._queue.popleft()
+            nvtx.end(p.nvtx_queue)  # dropped or taken: its wait in the queue ends here
+            p.nvtx_queue = None
             if p.future.done():
                 continue
             if p.deadline is not None and p.deadline <= now:

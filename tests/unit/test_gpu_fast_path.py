@@ -342,3 +342,34 @@ def test_nvtx_enable_on_cuda() -> None:
         nvtx.end(handle)
     finally:
         nvtx.disable()
+
+
+def test_batcher_ranges_open_and_close_in_pairs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The NVTX calls themselves recorded on the CPU (torch's range_start/range_end stubbed)."""
+    import asyncio
+
+    from recpipe.serving.batcher import BatchConfig, Batcher
+
+    opened: dict[int, str] = {}
+    closed: list[int] = []
+
+    def range_start(name: str) -> int:
+        opened[len(opened)] = name
+        return len(opened) - 1
+
+    monkeypatch.setattr(torch.cuda.nvtx, "range_start", range_start)
+    monkeypatch.setattr(torch.cuda.nvtx, "range_end", closed.append)
+    monkeypatch.setattr(nvtx, "_enabled", True)
+
+    async def go() -> list[int]:
+        batcher = Batcher("ranking.Rank", lambda qs: [q * 2 for q in qs], BatchConfig(max_batch=4))
+        answers = await asyncio.gather(*(batcher.submit(i) for i in range(6)))
+        with nvtx.range("rank.encode"):
+            pass
+        await batcher.close()
+        return [a.value for a in answers]
+
+    assert asyncio.run(go()) == [0, 2, 4, 6, 8, 10]
+    assert sorted(closed) == sorted(opened) and len(closed) == len(set(closed))
+    names = list(opened.values())
+    assert names.count("rank.queue") == 6 and names.count("rank.compute") >= 2 and "rank.encode" in names
