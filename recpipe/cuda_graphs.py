@@ -23,12 +23,14 @@ Example::
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+_log = logging.getLogger(__name__)
 GRAPH_MODES = ("graph", "padded", "eager")
 #: Graphs captured per runner at most; shapes beyond that run eagerly (still padded).
 MAX_GRAPHS = 64
@@ -53,17 +55,21 @@ def mode_for(device: torch.device, cuda_graphs: bool) -> str:
 class _Graph:
     graph: torch.cuda.CUDAGraph
     inputs: tuple[torch.Tensor, ...]
-    output: torch.Tensor
+    output: Any  # a tensor or a tuple of tensors
 
 
 class GraphRunner:
-    """``fn(*inputs) -> tensor`` on ``device``, replayed from a CUDA graph per input shape in ``graph`` mode.
+    """``fn(*inputs) -> tensor (or tuple of tensors)`` on ``device``, replayed from a CUDA graph per input
+    shape in ``graph`` mode.
 
     Inputs may live on the host (pinned, for an asynchronous copy) or on the device; ``fn`` must not
-    synchronise with the host (no ``.item()``, no data-dependent shapes) for it to be capturable.
+    synchronise with the host (no ``.item()``, no data-dependent shapes) for it to be capturable. A
+    shape whose capture fails runs eagerly from then on (logged once), so serving never breaks on an
+    operation CUDA cannot capture. ``share_pool_with``: runners of one core share one memory pool.
     """
 
-    def __init__(self, fn: Callable[..., torch.Tensor], device: torch.device, mode: str = "eager") -> None:
+    def __init__(self, fn: Callable[..., Any], device: torch.device, mode: str = "eager",
+                 share_pool_with: GraphRunner | None = None) -> None:
         if mode not in GRAPH_MODES:
             raise ValueError(f"unknown graph mode {mode!r}: choose {', '.join(GRAPH_MODES)}")
         if mode == "graph" and device.type != "cuda":
@@ -71,9 +77,10 @@ class GraphRunner:
         self.fn = fn
         self.device = device
         self.mode = mode
-        self._graphs: dict[tuple[tuple[tuple[int, ...], torch.dtype], ...], _Graph] = {}
-        self._pool: Any = None
+        self._graphs: dict[tuple[tuple[tuple[int, ...], torch.dtype], ...], _Graph | None] = {}
+        self._pool: list[Any] = share_pool_with._pool if share_pool_with is not None else [None]
         self.replays = 0
+        self.failed = 0
 
     @property
     def padded(self) -> bool:
@@ -81,9 +88,9 @@ class GraphRunner:
 
     @property
     def captured(self) -> int:
-        return len(self._graphs)
+        return sum(g is not None for g in self._graphs.values())
 
-    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+    def __call__(self, *inputs: torch.Tensor) -> Any:
         if self.mode != "graph":
             if self.device.type == "cpu":  # host inputs already: not even a no-op .to() per input
                 return self.fn(*inputs)
@@ -92,9 +99,17 @@ class GraphRunner:
         entry = self._graphs.get(key)
         if entry is None:
             rows = max((x.shape[0] for x in inputs if x.dim()), default=0)
-            if len(self._graphs) >= MAX_GRAPHS or rows > MAX_GRAPH_ROWS:
+            if key in self._graphs or len(self._graphs) >= MAX_GRAPHS or rows > MAX_GRAPH_ROWS:
                 return self.fn(*(x.to(self.device, non_blocking=True) for x in inputs))
-            entry = self._capture(inputs)
+            try:
+                entry = self._capture(inputs)
+            except RuntimeError as e:  # an operation that cannot be captured: this shape stays eager
+                self.failed += 1
+                self._graphs[key] = None
+                _log.warning("CUDA graph capture failed for shapes %s, running them eagerly: %s",
+                             [s for s, _ in key], str(e).splitlines()[0] if str(e) else type(e).__name__)
+                torch.cuda.synchronize(self.device)
+                return self.fn(*(x.to(self.device, non_blocking=True) for x in inputs))
             self._graphs[key] = entry
         for static, x in zip(entry.inputs, inputs, strict=True):
             static.copy_(x, non_blocking=True)
@@ -114,7 +129,7 @@ class GraphRunner:
                 self.fn(*static)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, pool=self._pool[0], capture_error_mode="thread_local"):
             output = self.fn(*static)
-        self._pool = graph.pool()
+        self._pool[0] = graph.pool()
         return _Graph(graph, static, output)

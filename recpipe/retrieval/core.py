@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load_file
 
 from recpipe import device as devices
-from recpipe.config import DEFAULT_RESCORE, MAX_RESCORE, RETRIEVAL_PRECISIONS
+from recpipe.config import DEFAULT_NUM_CANDIDATES, DEFAULT_RESCORE, MAX_RESCORE, RETRIEVAL_PRECISIONS
 from recpipe.cuda_graphs import GraphRunner, bucket, mode_for
 from recpipe.errors import ArtifactMismatch, UsageError
 from recpipe.nn import load_state
@@ -126,9 +126,12 @@ class RetrievalCore:
             self.details[f"{precision}_recall_at_500_vs_fp32"] = f"{half_recall:.4f}"
             self.details[f"{precision}_recall_target"] = f"{HALF_RECALL_TARGET}"
             self.half_recall = half_recall
-        if self._tower.mode == "graph":  # capture the single-query shape now, not at the first request
-            self.query_embeddings(np.zeros((1, self.user_dense_dim), np.float32),
-                                  np.zeros((1, len(self.user_table_sizes)), np.int64))
+        self._searches: dict[int, GraphRunner] = {}  # top-k bucket -> tower + exact search, one graph
+        if self._tower.mode == "graph":  # capture the single-query shapes now, not at the first request
+            zeros = (np.zeros((1, self.user_dense_dim), np.float32), np.zeros((1, len(self.user_table_sizes)), np.int64))
+            self.query_embeddings(*zeros)
+            if self.exact is not None:
+                self._exact_retrieve(*zeros, min(DEFAULT_NUM_CANDIDATES, self.num_items))
         self._fallback: faiss.Index | None = None
 
     @classmethod
@@ -174,9 +177,12 @@ class RetrievalCore:
 
     def retrieve_batch(self, queries: Sequence[RetrieveQuery]) -> list[Candidates]:
         """One user-tower forward for all queries, then one index search per distinct (k, nprobe,
-        ef_search) among them; each answer equals the one the query would get alone."""
+        ef_search) among them; each answer equals the one the query would get alone. With the torch
+        exact search: tower and search in one call (one graph on CUDA) per distinct k."""
         dense = np.stack([q.dense for q in queries])
         sparse = np.stack([q.sparse for q in queries])
+        if self.exact is not None:
+            return self._exact_batch(queries, dense, sparse)
         emb = self.query_embeddings(dense, sparse)
         out: list[Candidates | None] = [None] * len(queries)
         groups: dict[tuple[int, int, int], list[int]] = {}
@@ -188,15 +194,52 @@ class RetrievalCore:
             else:
                 with self.io.stream():
                     sel = emb.index_select(0, self.io.to_device(self.io.put("rows", np.asarray(rows), np.int64)))
-            if self.exact is not None:
-                with torch.inference_mode(), self.io.stream():
-                    s_dev, i_dev = self.exact.search_tensors(sel, k)
-                    ids, scores = self.io.fetch_many([("ids", i_dev), ("scores", s_dev)], len(rows))
-            else:
-                scores, ids = self._search(sel.float().cpu().numpy(), k, nprobe, ef_search)
+            scores, ids = self._search(sel.float().cpu().numpy(), k, nprobe, ef_search)
             for j, i in enumerate(rows):
                 out[i] = Candidates(item_ids=ids[j].astype(np.int64), scores=scores[j].astype(np.float32))
         return [c for c in out if c is not None]
+
+    def _exact_batch(self, queries: Sequence[RetrieveQuery], dense: np.ndarray, sparse: np.ndarray) -> list[Candidates]:
+        """The torch exact search ignores nprobe/efSearch: one tower + search call per distinct k."""
+        out: list[Candidates | None] = [None] * len(queries)
+        groups: dict[int, list[int]] = {}
+        for i, q in enumerate(queries):
+            groups.setdefault(q.k, []).append(i)
+        for k, rows in groups.items():
+            whole = len(rows) == len(queries)
+            scores, ids = self._exact_retrieve(dense if whole else dense[rows], sparse if whole else sparse[rows], k)
+            for j, i in enumerate(rows):
+                out[i] = Candidates(item_ids=ids[j].astype(np.int64), scores=scores[j].astype(np.float32))
+        return [c for c in out if c is not None]
+
+    def _exact_retrieve(self, dense: np.ndarray, sparse: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(B, Du) + (B, 44) -> (B, k) scores, (B, k) ids: user tower, then the torch exact search.
+
+        Padded (graph mode and its CPU twin): B up to its bucket, and k up to ``bucket(k, 16)``: the
+        search keeps that many (sorted) and the first k are sliced off, so each k-bucket is one graph
+        and a query's answer depends on its own k only, never on the batch it came in."""
+        assert self.exact is not None
+        exact = self.exact
+        b = dense.shape[0]
+        padded = self._tower.padded
+        rows = bucket(b) if padded else b
+        kb = min(bucket(k, 16), self.num_items) if padded else k
+        runner = self._searches.get(kb)
+        if runner is None:
+            tower = self.tower
+
+            def tower_and_search(d: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                return exact.search_tensors(tower(d, s), kb)
+
+            runner = GraphRunner(tower_and_search, self.torch_device, self._tower.mode, share_pool_with=self._tower)
+            self._searches[kb] = runner
+        io = self.io
+        with torch.inference_mode(), io.stream():
+            scores, ids = runner(io.put("dense", dense, np.float32, rows), io.put("sparse", sparse, np.int64, rows))
+            if kb != k:
+                scores, ids = scores[:, :k], ids[:, :k]
+            got_ids, got_scores = io.fetch_many([("ids", ids), ("scores", scores)], b)
+        return got_scores, got_ids
 
     def _search(self, q: np.ndarray, k: int, nprobe: int, ef_search: int) -> tuple[np.ndarray, np.ndarray]:
         """FAISS top-k for the (B, D) queries; a row that comes back short is searched again alone,

@@ -198,6 +198,24 @@ def test_retrieval_core_in_fp16_reports_recall_and_agrees(features: FeatureCore,
         RetrievalCore.load(small_models, device="cpu", precision="fp16", rescore=-1)
 
 
+def test_exact_search_graph_twin_answers_each_query_as_if_alone(features: FeatureCore, small_models: Path) -> None:
+    """Tower + fp16 search padded to (bucket(B), bucket(k, 16)) and sliced: a query's answer is the same in
+    any batch, and its ids agree with the unpadded search (which keeps fewer candidates to re-score)."""
+    padded = RetrievalCore.load(small_models, device="cpu", precision="fp16", graphs="padded")
+    eager = RetrievalCore.load(small_models, device="cpu", precision="fp16")
+    users = [features.augment_user(u) for u in range(6)]
+    queries = [RetrieveQuery.checked(u.dense, u.sparse, k, padded.limits) for u, k in zip(users, (100, 100, 37, 100, 5, 37), strict=True)]
+    batched = padded.retrieve_batch(queries)
+    for q, got in zip(queries, batched, strict=True):
+        alone = padded.retrieve_batch([q])[0]
+        assert got.item_ids.shape == (q.k,)
+        np.testing.assert_array_equal(got.item_ids, alone.item_ids)
+        np.testing.assert_allclose(got.scores, alone.scores, rtol=1e-6)
+        ref = eager.retrieve_batch([q])[0]
+        assert len(set(ref.item_ids) & set(got.item_ids)) >= 0.99 * q.k
+    assert sorted(padded._searches) == [16, 64, 128] and not eager._tower.padded
+
+
 # ---- NVTX ------------------------------------------------------------------------------------------------
 
 
@@ -313,6 +331,10 @@ def test_cuda_cores_match_the_cpu(features: FeatureCore, small_models: Path) -> 
                                cpu_ret.query_embeddings(user.dense[None], user.sparse[None]), rtol=1e-4, atol=1e-5)
     got, want = gpu_ret.retrieve(user, 100), cpu_ret.retrieve(user, 100)
     assert len(set(got.item_ids) & set(want.item_ids)) >= 95  # cpu: the tuned index, gpu: exact
+    searches = gpu_ret._searches.values()
+    assert sum(r.captured for r in searches) >= 2 and not any(r.failed for r in searches), \
+        "tower + fp16 search (topk, gather, bmm) did not capture as one CUDA graph; see the warning log"
+    assert gpu.predictor._runner is not None and gpu.predictor._runner.failed == 0
 
 
 @pytest.mark.gpu
