@@ -395,3 +395,15 @@ def test_batcher_ranges_open_and_close_in_pairs(monkeypatch: pytest.MonkeyPatch)
     assert sorted(closed) == sorted(opened) and len(closed) == len(set(closed))
     names = list(opened.values())
     assert names.count("rank.queue") == 6 and names.count("rank.compute") >= 2 and "rank.encode" in names
+
+
+def test_getinfo_reports_the_fast_path_settings(serving_chain) -> None:
+    from recpipe.client import RecommendClient
+
+    with RecommendClient(serving_chain.ranking.address) as client:
+        ranking = client.info().details
+    with RecommendClient(serving_chain.retrieval.address) as client:
+        retrieval = client.info().details
+    assert ranking["cuda_graphs"] == "eager" and ranking["embeddings"] == "device"
+    assert ranking["graphs_captured"] == "0"
+    assert retrieval["precision"] == "fp32" and retrieval["cuda_graphs"] == "eager"
