@@ -14,6 +14,7 @@ per bucketed batch size (``cuda_graphs``), and transfers go through pinned buffe
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ from recpipe.retrieval.model import Tower, TwoTowerConfig
 from recpipe.transfer import DeviceIO
 from recpipe.types import Candidates, UserFeatures
 
+_log = logging.getLogger(__name__)
 #: Recall@k (k = 500) of the half-precision search against fp32 exact search it must reach.
 HALF_RECALL_TARGET = 0.99
 
@@ -86,13 +88,15 @@ class RetrievalCore:
         self.index: Any = None
         self.exact: faiss_index.TorchExactSearch | None = None
         backend = "faiss-cpu"
-        half_recall: float | None = None
         self.half_recall: float | None = None
         if precision != "fp32":
             emb = self.item_embeddings()
             self.exact = faiss_index.TorchExactSearch(emb, dev, precision, rescore)
             backend = f"torch-exact-{precision}" + (f"+fp32-rescore-x{rescore}" if rescore else "")
-            half_recall = faiss_index.half_recall(emb, dev, precision, rescore)
+            self.half_recall = faiss_index.half_recall(emb, dev, precision, rescore)
+            if self.half_recall < HALF_RECALL_TARGET:
+                _log.warning("%s retrieval: recall@500 vs fp32 exact %.4f < %s; raise --rescore or use fp32",
+                             precision, self.half_recall, HALF_RECALL_TARGET)
             del emb
         elif dev.type == "cuda":
             gpu_faiss = hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
@@ -121,11 +125,10 @@ class RetrievalCore:
             "precision": precision,
             "cuda_graphs": self._tower.mode,
         }
-        if half_recall is not None:
+        if self.half_recall is not None:
             # measured at load with 256 item vectors as the queries (no user features here)
-            self.details[f"{precision}_recall_at_500_vs_fp32"] = f"{half_recall:.4f}"
+            self.details[f"{precision}_recall_at_500_vs_fp32"] = f"{self.half_recall:.4f}"
             self.details[f"{precision}_recall_target"] = f"{HALF_RECALL_TARGET}"
-            self.half_recall = half_recall
         self._searches: dict[int, GraphRunner] = {}  # top-k bucket -> tower + exact search, one graph
         if self._tower.mode == "graph":  # capture the single-query shapes now, not at the first request
             zeros = (np.zeros((1, self.user_dense_dim), np.float32), np.zeros((1, len(self.user_table_sizes)), np.int64))
