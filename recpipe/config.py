@@ -38,3 +38,10 @@ MAX_NUM_CANDIDATES: Final[int] = 10_000
 
 DEFAULT_DATA_DIR: Final[str] = "data"
 DEFAULT_MODELS_DIR: Final[str] = "models"
+
+#: The GPU fast path's choices (``recpipe serve``): the retrieval scan's precision (auto = fp16 on a
+#: CUDA device, the FAISS index on the CPU), the fp32 re-score factor, and where the DLRM tables live.
+RETRIEVAL_PRECISIONS: Final[tuple[str, ...]] = ("auto", "fp32", "fp16", "bf16")
+DEFAULT_RESCORE: Final[int] = 2
+MAX_RESCORE: Final[int] = 64
+EMBEDDING_PLACEMENTS: Final[tuple[str, ...]] = ("device", "host")

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from recpipe.serving import nvtx
 from recpipe.serving import threads as thread_settings
 from recpipe.serving.config import STAGE_NAMES, StageConfig
 from recpipe.serving.stage import Stage
@@ -37,13 +38,15 @@ def _features(cfg: StageConfig) -> Stage:
 def _retrieval(cfg: StageConfig) -> Stage:
     from recpipe.retrieval.servicer import load_stage
 
-    return load_stage(cfg.models_dir, device=cfg.device, threads=cfg.threads, workers=cfg.workers, batch=cfg.batch)
+    return load_stage(cfg.models_dir, device=cfg.device, threads=cfg.threads, workers=cfg.workers, batch=cfg.batch,
+                      cuda_graphs=cfg.gpu.cuda_graphs, precision=cfg.gpu.precision, rescore=cfg.gpu.rescore)
 
 
 def _ranking(cfg: StageConfig) -> Stage:
     from recpipe.ranking.servicer import load_stage
 
-    return load_stage(cfg.models_dir, device=cfg.device, threads=cfg.threads, workers=cfg.workers, batch=cfg.batch)
+    return load_stage(cfg.models_dir, device=cfg.device, threads=cfg.threads, workers=cfg.workers, batch=cfg.batch,
+                      cuda_graphs=cfg.gpu.cuda_graphs, embeddings=cfg.gpu.embeddings)
 
 
 def _gateway(cfg: StageConfig) -> Stage:
@@ -65,6 +68,8 @@ assert tuple(REGISTRY) == STAGE_NAMES
 def build_stage(cfg: StageConfig) -> Stage:
     """The stage ``cfg`` names, with its thread settings applied before its libraries are imported."""
     spec = REGISTRY[cfg.stage]
+    if cfg.gpu.nvtx:
+        nvtx.enable()
     if spec.name != "gateway":
         thread_settings.configure(cfg.threads, torch=spec.torch, faiss=spec.faiss)
     return spec.build(cfg)

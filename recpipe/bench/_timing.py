@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from recpipe.serving import nvtx
+
 
 @dataclass(frozen=True)
 class Timing:
@@ -34,9 +36,10 @@ def measure_interleaved(
     samples = np.zeros((len(calls), n), dtype=np.int64)
     for i in range(n):
         for j, (_, fn) in enumerate(calls):
-            t0 = time.perf_counter_ns()
-            fn(i)
-            samples[j, i] = time.perf_counter_ns() - t0
+            with nvtx.range(calls[j][0]):
+                t0 = time.perf_counter_ns()
+                fn(i)
+                samples[j, i] = time.perf_counter_ns() - t0
     return [Timing(name, samples[j], rows_per_call) for j, (name, _) in enumerate(calls)]
 
 

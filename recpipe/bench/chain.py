@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         ports, metrics = allocate_ports(DEFAULT_HOST, 0, -1)
         stages = supervised_stages(models=args.models, data=args.data, host=DEFAULT_HOST, ports=ports,
                                    metrics=metrics, device=args.device, threads=args.threads,
-                                   workers=args.workers)
+                                   workers=args.workers, extra=["--nvtx"] if getattr(args, "nvtx", False) else [])
         supervisor = Supervisor(stages)
         supervisor.launch()  # the stages load while this process loads its own cores
         target = supervisor.addresses()["gateway"]

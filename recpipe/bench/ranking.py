@@ -4,15 +4,20 @@ Forms, same trained weights, same inputs, alternating call by call:
 - ``naive``: the textbook DLRM forward with one ``nn.EmbeddingBag`` call per table (60 calls);
 - ``fused``: the same forward with one lookup over all tables concatenated (per-table offsets);
 - ``served``: what ``RankingCore.rank`` runs — the fused lookup plus the user-side work done once per
-  request instead of once per candidate.
-All three are checked to give the same scores before timing.
+  request instead of once per candidate (on CUDA: replayed from a CUDA graph per bucketed shape).
+On a CUDA device two more forms, side by side: ``served, no CUDA graphs`` (the same padded shapes run
+eagerly) and ``served, tables in host memory`` (``--embeddings host``: the DLRM tables stay in pinned
+host memory and the GPU reads the rows it needs over PCIe / NVLink-C2C instead of from HBM).
+All forms are checked to give the same scores before timing.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from recpipe.config import DEFAULT_DATA_DIR, DEFAULT_MODELS_DIR, DEFAULT_NUM_CANDIDATES
 from recpipe.errors import UsageError
@@ -47,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     features = FeatureCore.load(args.models, args.data)
     ranking = RankingCore.load(args.models, device=args.device)
+    cuda = ranking.torch_device.type == "cuda"
     model = ranking.predictor.model
     naive_model = copy.deepcopy(model)
     if not isinstance(model.sparse_arch, SparseArch):
@@ -82,18 +88,30 @@ def run(args: argparse.Namespace) -> int:
         user, items = requests[i % len(requests)]
         return ranking.rank(user, items)
 
+    forms = [
+        ("naive (60 EmbeddingBag calls)", lambda i: plain(naive_model, i)),
+        ("fused lookup", lambda i: plain(model, i)),
+        ("served (fused + user-side once)", served),
+    ]
+    if cuda:  # the placements and graphs side by side (each core keeps its own copy of the weights)
+        for name, core in (("served, no CUDA graphs", RankingCore.load(args.models, device=args.device,
+                                                                      cuda_graphs=False)),
+                           ("served, tables in host memory", RankingCore.load(args.models, device=args.device,
+                                                                             embeddings="host"))):
+            forms.append((name, _served_by(core, requests)))
     for i in range(3):
         np.testing.assert_allclose(plain(naive_model, i), plain(model, i), rtol=1e-4, atol=1e-6)
-        np.testing.assert_allclose(served(i), plain(model, i), rtol=1e-4, atol=1e-5)
+        for _, fn in forms[2:]:
+            np.testing.assert_allclose(fn(i), plain(model, i), rtol=1e-4, atol=1e-5)
     print(f"ranking bench: {ranking.device}, torch threads {torch.get_num_threads()}, batch {k}, "
-          f"{model.config.num_tables} tables ({sum(model.config.table_sizes):,} rows x {model.config.embedding_dim})")
-    timings = measure_interleaved(
-        [
-            ("naive (60 EmbeddingBag calls)", lambda i: plain(naive_model, i)),
-            ("fused lookup", lambda i: plain(model, i)),
-            ("served (fused + user-side once)", served),
-        ],
-        args.calls, args.warmup, rows_per_call=k,
-    )
+          f"{model.config.num_tables} tables ({sum(model.config.table_sizes):,} rows x {model.config.embedding_dim}), "
+          f"CUDA graphs {ranking.predictor.graphs}")
+    if not cuda:
+        print("tables in host memory (--embeddings host) and CUDA graphs: need a CUDA device, not timed here")
+    timings = measure_interleaved(forms, args.calls, args.warmup, rows_per_call=k)
     print(table(timings, "naive (60 EmbeddingBag calls)"))
     return 0
+
+
+def _served_by(core: Any, requests: list[Any]) -> Callable[[int], Any]:
+    return lambda i: core.rank(*requests[i % len(requests)])

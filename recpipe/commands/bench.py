@@ -25,6 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         doc = (module.__doc__ or "").strip()
         p = sub.add_parser(name, help=doc.splitlines()[0] if doc else None, description=doc)
         module.add_arguments(p)
+        p.add_argument("--nvtx", action="store_true",
+                       help="NVTX ranges around each timed call (and each stage step) for nsys (CUDA only)")
         p.set_defaults(_bench=module)
 
 
@@ -33,4 +35,8 @@ def run(args: argparse.Namespace) -> int:
         from recpipe.errors import UsageError
 
         raise UsageError(f"bench: name a benchmark: {', '.join(sorted(_benchmarks()))}")
+    if args.nvtx:
+        from recpipe.serving import nvtx
+
+        nvtx.enable()  # no CUDA: a clear error, exit code 2
     return int(args._bench.run(args))

@@ -17,12 +17,21 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from recpipe.config import DEFAULT_DATA_DIR, DEFAULT_HOST, DEFAULT_MODELS_DIR, DEFAULT_PORTS
+from recpipe.config import (
+    DEFAULT_DATA_DIR,
+    DEFAULT_HOST,
+    DEFAULT_MODELS_DIR,
+    DEFAULT_PORTS,
+    DEFAULT_RESCORE,
+    EMBEDDING_PLACEMENTS,
+    MAX_RESCORE,
+    RETRIEVAL_PRECISIONS,
+)
 from recpipe.errors import UsageError
 
 if TYPE_CHECKING:
     from recpipe.serving.batcher import BatchConfig
-    from recpipe.serving.config import StageConfig
+    from recpipe.serving.config import GpuConfig, StageConfig
     from recpipe.serving.supervisor import StageProcess, Supervisor
 
 STAGES = ("all", "gateway", "features", "retrieval", "ranking")
@@ -62,6 +71,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     batching.add_argument("--max-in-flight", type=int, default=512,
                           help="gateway: Recommend calls in progress at most; more are refused with "
                                "RESOURCE_EXHAUSTED (default %(default)s)")
+    gpu = parser.add_argument_group("GPU fast path (retrieval, ranking on a CUDA device)")
+    gpu.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
+                     help="replay a CUDA graph per bucketed batch shape (ranking forward, user tower; "
+                          "default on; no effect on the CPU)")
+    gpu.add_argument("--retrieval-precision", choices=RETRIEVAL_PRECISIONS, default="auto",
+                     help="exact retrieval scan in fp16/bf16 on the device (auto: fp16 on CUDA, the FAISS index "
+                          "on the CPU; fp32: FAISS / fp32 exact)")
+    gpu.add_argument("--rescore", type=int, default=DEFAULT_RESCORE,
+                     help=f"half-precision retrieval keeps N x k candidates and re-scores them in fp32 "
+                          f"(0 = off, max {MAX_RESCORE}; default %(default)s)")
+    gpu.add_argument("--embeddings", choices=EMBEDDING_PLACEMENTS, default="device",
+                     help="DLRM tables in device memory, or in pinned host memory read by the GPU in place "
+                          "(host: CUDA only)")
+    gpu.add_argument("--nvtx", action="store_true",
+                     help="NVTX ranges per stage step (decode, queue, compute, encode) for nsys (CUDA only)")
     parser.add_argument("--grace", type=float, default=5.0, help="seconds to drain in-flight requests on stop")
     parser.add_argument("--startup-timeout", type=float, default=600.0, help="--stage all: seconds to wait for SERVING")
     parser.add_argument("--unresponsive-timeout", type=_seconds, default=None, metavar="SECONDS",
@@ -92,7 +116,15 @@ def stage_config(args: argparse.Namespace, stage: str, port: int, metrics_port: 
         stage=stage, models_dir=args.models, data_dir=args.data, host=args.host, port=port,
         metrics_port=metrics_port, device=args.device, threads=args.threads, workers=args.workers,
         grace_s=args.grace, targets=targets or {}, batch=batch_config(args), max_in_flight=args.max_in_flight,
+        gpu=gpu_config(args),
     )
+
+
+def gpu_config(args: argparse.Namespace) -> GpuConfig:
+    """The GPU fast-path settings from the flags (validated: a clear error and exit code 2 when off)."""
+    from recpipe.serving.config import GpuConfig
+
+    return GpuConfig(args.cuda_graphs, args.retrieval_precision, args.rescore, args.embeddings, args.nvtx)
 
 
 def batch_config(args: argparse.Namespace) -> BatchConfig:
@@ -110,6 +142,7 @@ def batch_flags(args: argparse.Namespace) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     batch_config(args)  # bad knobs fail here, before any process starts
+    gpu_config(args).check_machine(args.device)
     if args.max_in_flight < 1:
         raise UsageError(f"--max-in-flight must be >= 1, got {args.max_in_flight}")
     if args.port is not None and not 0 <= args.port <= 65535 - 3:
@@ -163,7 +196,7 @@ def _run_all(args: argparse.Namespace) -> int:
     stages = launch.supervised_stages(
         models=args.models, data=args.data, host=args.host, ports=ports, metrics=metrics, device=args.device,
         threads=args.threads, workers=args.workers, grace=args.grace, log_level=args.log_level,
-        extra=batch_flags(args),
+        extra=batch_flags(args) + gpu_config(args).flags(),
     )
     unresponsive = DEFAULT_UNRESPONSIVE_S if args.unresponsive_timeout is None else args.unresponsive_timeout
     supervisor = Supervisor(stages, startup_timeout_s=args.startup_timeout, grace_s=args.grace,

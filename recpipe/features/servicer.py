@@ -15,6 +15,7 @@ from grpc import aio
 
 from recpipe import codec
 from recpipe.features.contract import FeatureLimits, ItemsQuery, UserQuery
+from recpipe.serving import nvtx
 from recpipe.serving.batcher import BatchConfig, Batcher
 from recpipe.serving.stage import CoreStage, StageInfo, check_deadline, elapsed_us
 from recpipe.types import ItemFeatures, UserFeatures
@@ -70,7 +71,8 @@ class FeatureStage(CoreStage[FeatureCoreLike]):
         core = self._ready()
         query = UserQuery.checked(int(request.user_id), core.limits)
         computed = perf_counter_ns()
-        user = await self._run(core.user_features, query)
+        with nvtx.range("augment_user.compute"):
+            user = await self._run(core.user_features, query)
         compute_us = elapsed_us(computed)
         return features_pb2.AugmentUserResponse(
             user_id=user.user_id,
@@ -88,14 +90,16 @@ class FeatureStage(CoreStage[FeatureCoreLike]):
         start = perf_counter_ns()
         deadline = check_deadline(context, self.name)
         core = self._ready()
-        item_ids = codec.decode(request.item_ids, "item_ids", "int64", (None,))
-        query = ItemsQuery.checked(int(request.user_id), item_ids, core.limits)
+        with nvtx.range("augment_items.decode"):
+            item_ids = codec.decode(request.item_ids, "item_ids", "int64", (None,))
+            query = ItemsQuery.checked(int(request.user_id), item_ids, core.limits)
         done = await self._items.submit(query, deadline)
-        return features_pb2.AugmentItemsResponse(
-            dense=codec.encode(done.value.dense), sparse=codec.encode(done.value.sparse),
-            server_us=elapsed_us(start), queue_us=done.queue_us, compute_us=done.compute_us,
-            batch_size=done.batch_size,
-        )
+        with nvtx.range("augment_items.encode"):
+            return features_pb2.AugmentItemsResponse(
+                dense=codec.encode(done.value.dense), sparse=codec.encode(done.value.sparse),
+                server_us=elapsed_us(start), queue_us=done.queue_us, compute_us=done.compute_us,
+                batch_size=done.batch_size,
+            )
 
 
 def load_stage(

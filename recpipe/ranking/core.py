@@ -1,4 +1,8 @@
-"""The ranking core: DLRM click probabilities for one user's k candidate items."""
+"""The ranking core: DLRM click probabilities for one user's k candidate items.
+
+On a CUDA device the forward replays a CUDA graph per bucketed batch shape (``cuda_graphs``) and the
+embedding tables may stay in pinned host memory, read by the GPU in place (``embeddings="host"``).
+"""
 
 from __future__ import annotations
 
@@ -9,11 +13,15 @@ import numpy as np
 import torch
 
 from recpipe import device as devices
-from recpipe.errors import ArtifactMismatch
+from recpipe.config import DEFAULT_NUM_CANDIDATES, EMBEDDING_PLACEMENTS
+from recpipe.cuda_graphs import mode_for
+from recpipe.errors import ArtifactMismatch, UsageError
 from recpipe.ranking import artifacts
 from recpipe.ranking.contract import RankingLimits, RankQuery
+from recpipe.ranking.model import SparseArch
 from recpipe.ranking.predictor import Predictor
 from recpipe.repository import Repository
+from recpipe.transfer import host_mapped
 from recpipe.types import ItemFeatures, UserFeatures
 
 #: Candidates per DLRM forward at most when requests are batched (a single request may exceed it).
@@ -23,7 +31,13 @@ CHUNK_ROWS = 4096
 class RankingCore:
     """``rank(user, items)`` -> (k,) float32 click probabilities, in the order of ``items``."""
 
-    def __init__(self, repo: Repository, dev: torch.device) -> None:
+    def __init__(self, repo: Repository, dev: torch.device, *, cuda_graphs: bool = True,
+                 embeddings: str = "device", graphs: str | None = None) -> None:
+        """``graphs`` overrides the mode ``cuda_graphs`` picks (``padded`` runs the CPU twin of graphs)."""
+        if embeddings not in EMBEDDING_PLACEMENTS:
+            raise UsageError(f"--embeddings must be device or host, got {embeddings!r}")
+        if embeddings == "host" and dev.type != "cuda":
+            raise UsageError(f"--embeddings host needs a CUDA device, the ranking device is {dev}")
         shapes = repo.section("shapes")
         cfg = artifacts.load_config(repo)
         self.user_dense_dim = int(shapes.get("user_dense_dim", -1))
@@ -44,12 +58,30 @@ class RankingCore:
         sizes = np.asarray(cfg.table_sizes, dtype=np.int64)
         self.user_table_sizes = sizes[:n_user_tables]
         self.item_table_sizes = sizes[n_user_tables:]
-        self.predictor = Predictor(model, dev)
+        self.predictor = Predictor(model, dev, graphs or mode_for(dev, cuda_graphs))
+        self.embeddings = embeddings
+        if embeddings == "host":
+            if not isinstance(model.sparse_arch, SparseArch):
+                raise ArtifactMismatch("--embeddings host needs the fused embedding tables")
+            tables = model.sparse_arch.tables
+            tables.weight = torch.nn.Parameter(host_mapped(tables.weight, dev), requires_grad=False)
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()  # the device copy of the tables is garbage now
         self.predictor.set_user_tables(n_user_tables)
+        if self.predictor.graphs == "graph":  # capture the common shape now, not at the first request
+            self.predictor.warm_up([DEFAULT_NUM_CANDIDATES])
 
     @classmethod
-    def load(cls, models_dir: Path, device: str = "auto") -> RankingCore:
-        return cls(Repository.open(Path(models_dir)), devices.resolve(device))
+    def load(cls, models_dir: Path, device: str = "auto", *, cuda_graphs: bool = True, embeddings: str = "device",
+             graphs: str | None = None) -> RankingCore:
+        return cls(Repository.open(Path(models_dir)), devices.resolve(device), cuda_graphs=cuda_graphs,
+                   embeddings=embeddings, graphs=graphs)
+
+    @property
+    def details(self) -> dict[str, str]:
+        """For InfoService: how the forward runs."""
+        return {"cuda_graphs": self.predictor.graphs, "graphs_captured": str(self.predictor.graphs_captured),
+                "embeddings": self.embeddings if self.embeddings == "device" else "host (pinned, zero-copy)"}
 
     @property
     def limits(self) -> RankingLimits:

@@ -9,7 +9,7 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from time import perf_counter_ns
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 from grpc import aio
@@ -17,6 +17,7 @@ from grpc import aio
 from recpipe import codec, schema
 from recpipe.finite import check_finite
 from recpipe.ranking.contract import RankingLimits, RankQuery
+from recpipe.serving import nvtx
 from recpipe.serving.batcher import BatchConfig, Batcher
 from recpipe.serving.stage import CoreStage, StageInfo, check_deadline, elapsed_us
 from recpipe.v1 import ranking_pb2, ranking_pb2_grpc
@@ -55,30 +56,34 @@ class RankingStage(CoreStage[RankingCoreLike]):
         if core is None:
             return StageInfo(self.name, threads=self._threads, details={"state": "loading"})
         details = {"user_dense_dim": str(core.user_dense_dim), "item_dense_dim": str(core.item_dense_dim),
-                   **self.batch_details()}
+                   **getattr(core, "details", {}), **self.batch_details()}
         return StageInfo(self.name, core.device, core.model_version, self._threads, details)
 
     async def Rank(self, request: ranking_pb2.RankRequest, context: aio.ServicerContext) -> ranking_pb2.RankResponse:
         start = perf_counter_ns()
         deadline = check_deadline(context, self.name)
         core = self._ready()
-        item_dense = codec.decode(request.item_dense, "item_dense", "float32", (None, core.item_dense_dim))
-        query = RankQuery.checked(
-            codec.decode(request.user_dense, "user_dense", "float32", (core.user_dense_dim,)),
-            codec.decode(request.user_sparse, "user_sparse", "int64", (USER_SPARSE_DIM,)),
-            item_dense,
-            codec.decode(request.item_sparse, "item_sparse", "int64", (item_dense.shape[0], ITEM_SPARSE_DIM)),
-            core.limits,
-        )
+        with nvtx.range("rank.decode"):
+            item_dense = codec.decode(request.item_dense, "item_dense", "float32", (None, core.item_dense_dim))
+            query = RankQuery.checked(
+                codec.decode(request.user_dense, "user_dense", "float32", (core.user_dense_dim,)),
+                codec.decode(request.user_sparse, "user_sparse", "int64", (USER_SPARSE_DIM,)),
+                item_dense,
+                codec.decode(request.item_sparse, "item_sparse", "int64", (item_dense.shape[0], ITEM_SPARSE_DIM)),
+                core.limits,
+            )
         done = await self._rank.submit(query, deadline)
-        return ranking_pb2.RankResponse(
-            scores=codec.encode(check_finite(done.value, "rank")), server_us=elapsed_us(start), model_version=core.model_version,
-            queue_us=done.queue_us, compute_us=done.compute_us, batch_size=done.batch_size,
-        )
+        with nvtx.range("rank.encode"):
+            return ranking_pb2.RankResponse(
+                scores=codec.encode(check_finite(done.value, "rank")), server_us=elapsed_us(start),
+                model_version=core.model_version, queue_us=done.queue_us, compute_us=done.compute_us,
+                batch_size=done.batch_size,
+            )
 
 
 def load_stage(
-    models_dir: Path, *, device: str = "auto", threads: int = 0, workers: int = 0, batch: BatchConfig | None = None
+    models_dir: Path, *, device: str = "auto", threads: int = 0, workers: int = 0, batch: BatchConfig | None = None,
+    **options: Any,
 ) -> RankingStage:
     """The ranking stage over the real ``RankingCore`` (imported here: it pulls in torch)."""
 
@@ -89,6 +94,6 @@ def load_stage(
     def loader() -> RankingCoreLike:
         from recpipe.ranking.core import RankingCore
 
-        return RankingCore.load(models_dir, device=device)
+        return RankingCore.load(models_dir, device=device, **options)  # options: cuda_graphs, embeddings
 
     return RankingStage(loader, workers=workers, threads=threads, batch=batch)

@@ -3,10 +3,18 @@
 Backends: the FAISS index on CPU; on a CUDA device the same index moved to the GPU when the
 installed faiss has GPU support (flat, IVF), otherwise exact search with torch (matmul + topk) over
 the item embeddings on the GPU.
+
+``precision`` (``--retrieval-precision``): ``auto`` is fp16 exact search on a CUDA device (half the
+bytes to scan, the top ``rescore`` x k re-scored in fp32) and the FAISS index on the CPU; ``fp32``
+keeps the backends above; ``fp16``/``bf16`` use the torch exact search in that dtype on any device
+(on the CPU: the twin of the GPU path that the tests run). Its recall@500 against the fp32 exact
+search is measured at load and reported in ``details``. On CUDA the user tower replays a CUDA graph
+per bucketed batch size (``cuda_graphs``), and transfers go through pinned buffers on one stream.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,19 +24,35 @@ import numpy as np
 import torch
 
 from recpipe import device as devices
-from recpipe.errors import ArtifactMismatch
+from recpipe.config import DEFAULT_NUM_CANDIDATES, DEFAULT_RESCORE, MAX_RESCORE, RETRIEVAL_PRECISIONS
+from recpipe.cuda_graphs import GraphRunner, bucket, mode_for
+from recpipe.errors import ArtifactMismatch, UsageError
 from recpipe.finite import degenerate
 from recpipe.repository import Repository
 from recpipe.retrieval import artifacts
 from recpipe.retrieval import index as faiss_index
 from recpipe.retrieval.contract import RetrievalLimits, RetrieveQuery
+from recpipe.transfer import DeviceIO
 from recpipe.types import Candidates, UserFeatures
+
+_log = logging.getLogger(__name__)
+#: Recall@k (k = 500) of the half-precision search against fp32 exact search it must reach.
+HALF_RECALL_TARGET = 0.99
 
 
 class RetrievalCore:
     """``retrieve(user, k)`` -> the k best item ids for the user, scores descending."""
 
-    def __init__(self, repo: Repository, dev: torch.device) -> None:
+    def __init__(self, repo: Repository, dev: torch.device, *, cuda_graphs: bool = True, precision: str = "auto",
+                 rescore: int = DEFAULT_RESCORE, graphs: str | None = None) -> None:
+        """``graphs`` overrides the mode ``cuda_graphs`` picks (``padded`` runs the CPU twin of graphs)."""
+        if precision not in RETRIEVAL_PRECISIONS:
+            raise UsageError(f"--retrieval-precision must be one of {', '.join(RETRIEVAL_PRECISIONS)}, "
+                             f"got {precision!r}")
+        if not 0 <= rescore <= MAX_RESCORE:
+            raise UsageError(f"--rescore must be in 0..{MAX_RESCORE}, got {rescore}")
+        if precision == "auto":
+            precision = "fp16" if dev.type == "cuda" else "fp32"
         shapes = repo.section("shapes")
         cfg = artifacts.load_config(repo)
         spec = artifacts.load_spec(repo)
@@ -48,10 +72,23 @@ class RetrievalCore:
         self.history_len = int(shapes.get("history_len", 0))
         self.user_table_sizes = np.asarray(cfg.user_table_sizes, dtype=np.int64)
         self.tower = artifacts.load_user_tower(repo, cfg).to(dev).eval()
+        self.io = DeviceIO(dev)
+        self._tower = GraphRunner(self.tower, dev, graphs or mode_for(dev, cuda_graphs))
+        self.precision = precision
         self.index: Any = None
         self.exact: faiss_index.TorchExactSearch | None = None
         backend = "faiss-cpu"
-        if dev.type == "cuda":
+        self.half_recall: float | None = None
+        if precision != "fp32":
+            emb = self.item_embeddings()
+            self.exact = faiss_index.TorchExactSearch(emb, dev, precision, rescore)
+            backend = f"torch-exact-{precision}" + (f"+fp32-rescore-x{rescore}" if rescore else "")
+            self.half_recall = faiss_index.half_recall(emb, dev, precision, rescore)
+            if self.half_recall < HALF_RECALL_TARGET:
+                _log.warning("%s retrieval: recall@500 vs fp32 exact %.4f < %s; raise --rescore or use fp32",
+                             precision, self.half_recall, HALF_RECALL_TARGET)
+            del emb
+        elif dev.type == "cuda":
             gpu_faiss = hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
             if gpu_faiss and spec.kind in ("flat", "ivf"):
                 cpu_index = artifacts.load_index(repo, spec)
@@ -75,12 +112,26 @@ class RetrievalCore:
             "recall_at_100": f"{spec.recall_at_100:.4f}",
             "backend": backend,
             "device": self.device,
+            "precision": precision,
+            "cuda_graphs": self._tower.mode,
         }
+        if self.half_recall is not None:
+            # measured at load with 256 item vectors as the queries (no user features here)
+            self.details[f"{precision}_recall_at_500_vs_fp32"] = f"{self.half_recall:.4f}"
+            self.details[f"{precision}_recall_target"] = f"{HALF_RECALL_TARGET}"
+        self._searches: dict[int, GraphRunner] = {}  # top-k bucket -> tower + exact search, one graph
+        if self._tower.mode == "graph":  # capture the single-query shapes now, not at the first request
+            zeros = (np.zeros((1, self.user_dense_dim), np.float32), np.zeros((1, len(self.user_table_sizes)), np.int64))
+            self.query_embeddings(*zeros)
+            if self.exact is not None:
+                self._exact_retrieve(*zeros, min(DEFAULT_NUM_CANDIDATES, self.num_items))
         self._fallback: faiss.Index | None = None
 
     @classmethod
-    def load(cls, models_dir: Path, device: str = "auto") -> RetrievalCore:
-        return cls(Repository.open(Path(models_dir)), devices.resolve(device))
+    def load(cls, models_dir: Path, device: str = "auto", *, cuda_graphs: bool = True, precision: str = "auto",
+             rescore: int = DEFAULT_RESCORE, graphs: str | None = None) -> RetrievalCore:
+        return cls(Repository.open(Path(models_dir)), devices.resolve(device), cuda_graphs=cuda_graphs,
+                   precision=precision, rescore=rescore, graphs=graphs)
 
     def item_embeddings(self) -> np.ndarray:
         """(num_items, D) float32 item embeddings from the repository (verified), read on demand."""
@@ -93,11 +144,16 @@ class RetrievalCore:
         return RetrievalLimits(self.user_dense_dim, self.user_table_sizes, self.num_items)
 
     def query_embeddings(self, dense: np.ndarray, sparse: np.ndarray) -> torch.Tensor:
-        """(B, Du) + (B, 44) -> (B, D) query vectors on the core's device."""
-        with torch.inference_mode():
-            d = torch.from_numpy(np.ascontiguousarray(dense, dtype=np.float32)).to(self.torch_device)
-            s = torch.from_numpy(np.ascontiguousarray(sparse, dtype=np.int64)).to(self.torch_device)
-            return self.tower(d, s)
+        """(B, Du) + (B, 44) -> (B, D) query vectors on the core's device (the batch padded to its bucket
+        when the tower runs as a graph, or as the graph's CPU twin)."""
+        b = dense.shape[0]
+        rows = bucket(b) if self._tower.padded else b
+        with torch.inference_mode(), self.io.stream():
+            out = self._tower(self.io.put("dense", dense, np.float32, rows), self.io.put("sparse", sparse, np.int64, rows))
+            # a graph's output is overwritten by its next replay: the caller gets its own copy
+            if self._tower.mode == "graph":
+                return out[:b].clone()
+            return out if rows == b else out[:b]
 
     def retrieve(self, user: UserFeatures, k: int, nprobe: int = 0, ef_search: int = 0) -> Candidates:
         """The k best items for ``user`` (the arguments checked by ``RetrieveQuery``)."""
@@ -106,9 +162,12 @@ class RetrievalCore:
 
     def retrieve_batch(self, queries: Sequence[RetrieveQuery]) -> list[Candidates]:
         """One user-tower forward for all queries, then one index search per distinct (k, nprobe,
-        ef_search) among them; each answer equals the one the query would get alone."""
+        ef_search) among them; each answer equals the one the query would get alone. With the torch
+        exact search: tower and search in one call (one graph on CUDA) per distinct k."""
         dense = np.stack([q.dense for q in queries])
         sparse = np.stack([q.sparse for q in queries])
+        if self.exact is not None:
+            return self._exact_batch(queries, dense, sparse)
         emb = self.query_embeddings(dense, sparse)
         # An input that overflowed the tower gives a zero/NaN query: its scores are reported as NaN, which
         # the servicer answers as out of the model's range (recpipe.finite).
@@ -118,17 +177,60 @@ class RetrievalCore:
         for i, q in enumerate(queries):
             groups.setdefault(q.search_key, []).append(i)
         for (k, nprobe, ef_search), rows in groups.items():
-            sel = emb if len(rows) == len(queries) else emb[torch.as_tensor(rows, device=emb.device)]
-            if self.exact is not None:
-                scores, ids = self.exact.search(sel, k)
+            if len(rows) == len(queries):
+                sel = emb
             else:
-                scores, ids = self._search(sel.float().cpu().numpy(), k, nprobe, ef_search)
+                with self.io.stream():
+                    sel = emb.index_select(0, self.io.to_device(self.io.put("rows", np.asarray(rows), np.int64)))
+            scores, ids = self._search(sel.float().cpu().numpy(), k, nprobe, ef_search)
             for j, i in enumerate(rows):
                 found = scores[j].astype(np.float32)
                 if bad[i]:
                     found[:] = np.nan
                 out[i] = Candidates(item_ids=ids[j].astype(np.int64), scores=found)
         return [c for c in out if c is not None]
+
+    def _exact_batch(self, queries: Sequence[RetrieveQuery], dense: np.ndarray, sparse: np.ndarray) -> list[Candidates]:
+        """The torch exact search ignores nprobe/efSearch: one tower + search call per distinct k."""
+        out: list[Candidates | None] = [None] * len(queries)
+        groups: dict[int, list[int]] = {}
+        for i, q in enumerate(queries):
+            groups.setdefault(q.k, []).append(i)
+        for k, rows in groups.items():
+            whole = len(rows) == len(queries)
+            scores, ids = self._exact_retrieve(dense if whole else dense[rows], sparse if whole else sparse[rows], k)
+            for j, i in enumerate(rows):
+                out[i] = Candidates(item_ids=ids[j].astype(np.int64), scores=scores[j].astype(np.float32))
+        return [c for c in out if c is not None]
+
+    def _exact_retrieve(self, dense: np.ndarray, sparse: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(B, Du) + (B, 44) -> (B, k) scores, (B, k) ids: user tower, then the torch exact search.
+
+        Padded (graph mode and its CPU twin): B up to its bucket, and k up to ``bucket(k, 16)``: the
+        search keeps that many (sorted) and the first k are sliced off, so each k-bucket is one graph
+        and a query's answer depends on its own k only, never on the batch it came in."""
+        assert self.exact is not None
+        exact = self.exact
+        b = dense.shape[0]
+        padded = self._tower.padded
+        rows = bucket(b) if padded else b
+        kb = min(bucket(k, 16), self.num_items) if padded else k
+        runner = self._searches.get(kb)
+        if runner is None:
+            tower = self.tower
+
+            def tower_and_search(d: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                return exact.search_tensors(tower(d, s), kb)
+
+            runner = GraphRunner(tower_and_search, self.torch_device, self._tower.mode, share_pool_with=self._tower)
+            self._searches[kb] = runner
+        io = self.io
+        with torch.inference_mode(), io.stream():
+            scores, ids = runner(io.put("dense", dense, np.float32, rows), io.put("sparse", sparse, np.int64, rows))
+            if kb != k:
+                scores, ids = scores[:, :k], ids[:, :k]
+            got_ids, got_scores = io.fetch_many([("ids", ids), ("scores", scores)], b)
+        return got_scores, got_ids
 
     def _search(self, q: np.ndarray, k: int, nprobe: int, ef_search: int) -> tuple[np.ndarray, np.ndarray]:
         """FAISS top-k for the (B, D) queries; a row that comes back short is searched again alone,

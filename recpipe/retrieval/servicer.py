@@ -10,13 +10,14 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from time import perf_counter_ns
-from typing import Protocol
+from typing import Any, Protocol
 
 from grpc import aio
 
 from recpipe import codec, schema
 from recpipe.finite import check_finite
 from recpipe.retrieval.contract import RetrievalLimits, RetrieveQuery
+from recpipe.serving import nvtx
 from recpipe.serving.batcher import BatchConfig, Batcher
 from recpipe.serving.stage import CoreStage, StageInfo, check_deadline, elapsed_us
 from recpipe.types import Candidates
@@ -64,25 +65,28 @@ class RetrievalStage(CoreStage[RetrievalCoreLike]):
         start = perf_counter_ns()
         deadline = check_deadline(context, self.name)
         core = self._ready()
-        query = RetrieveQuery.checked(
-            codec.decode(request.user_dense, "user_dense", "float32", (core.user_dense_dim,)),
-            codec.decode(request.user_sparse, "user_sparse", "int64", (USER_SPARSE_DIM,)),
-            int(request.k), core.limits, int(request.nprobe), int(request.ef_search),
-        )
+        with nvtx.range("retrieve.decode"):
+            query = RetrieveQuery.checked(
+                codec.decode(request.user_dense, "user_dense", "float32", (core.user_dense_dim,)),
+                codec.decode(request.user_sparse, "user_sparse", "int64", (USER_SPARSE_DIM,)),
+                int(request.k), core.limits, int(request.nprobe), int(request.ef_search),
+            )
         done = await self._retrieve.submit(query, deadline)
-        return retrieval_pb2.RetrieveResponse(
-            item_ids=codec.encode(done.value.item_ids),
-            scores=codec.encode(check_finite(done.value.scores, "retrieve")),
-            server_us=elapsed_us(start),
-            model_version=core.model_version,
-            queue_us=done.queue_us,
-            compute_us=done.compute_us,
-            batch_size=done.batch_size,
-        )
+        with nvtx.range("retrieve.encode"):
+            return retrieval_pb2.RetrieveResponse(
+                item_ids=codec.encode(done.value.item_ids),
+                scores=codec.encode(check_finite(done.value.scores, "retrieve")),
+                server_us=elapsed_us(start),
+                model_version=core.model_version,
+                queue_us=done.queue_us,
+                compute_us=done.compute_us,
+                batch_size=done.batch_size,
+            )
 
 
 def load_stage(
-    models_dir: Path, *, device: str = "auto", threads: int = 0, workers: int = 0, batch: BatchConfig | None = None
+    models_dir: Path, *, device: str = "auto", threads: int = 0, workers: int = 0, batch: BatchConfig | None = None,
+    **options: Any,
 ) -> RetrievalStage:
     """The retrieval stage over the real ``RetrievalCore`` (imported here: it pulls in torch and FAISS)."""
 
@@ -93,6 +97,6 @@ def load_stage(
     def loader() -> RetrievalCoreLike:
         from recpipe.retrieval.core import RetrievalCore
 
-        return RetrievalCore.load(models_dir, device=device)
+        return RetrievalCore.load(models_dir, device=device, **options)  # cuda_graphs, precision, rescore
 
     return RetrievalStage(loader, workers=workers, threads=threads, batch=batch)

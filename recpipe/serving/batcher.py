@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from recpipe.errors import DeadlineExceeded, Overloaded, StageUnavailable, UsageError
+from recpipe.serving import nvtx
 
 Q = TypeVar("Q")
 R = TypeVar("R")
@@ -82,6 +83,7 @@ class _Pending(Generic[Q, R]):
     future: asyncio.Future[Batched[R]]
     deadline: float | None  # time.monotonic() instant
     enqueued_ns: int
+    nvtx_queue: int | None = None
 
 
 class Batcher(Generic[Q, R]):
@@ -97,6 +99,7 @@ class Batcher(Generic[Q, R]):
         self.stage = stage
         self.fn = fn
         self.config = config or BatchConfig()
+        self._nvtx_queue, self._nvtx_compute = (f"{nvtx.step_prefix(stage)}.{step}" for step in ("queue", "compute"))
         self._queue: deque[_Pending[Q, R]] = deque()
         self._wake: asyncio.Event | None = None
         self._worker: asyncio.Task[None] | None = None
@@ -141,6 +144,7 @@ class Batcher(Generic[Q, R]):
             self._worker = loop.create_task(self._run(), name=f"{self.stage}-batcher")
         pending: _Pending[Q, R] = _Pending(query, loop.create_future(), deadline, time.perf_counter_ns())
         self._queue.append(pending)
+        pending.nvtx_queue = nvtx.start(self._nvtx_queue)
         assert self._wake is not None
         self._wake.set()
         try:
@@ -149,6 +153,7 @@ class Batcher(Generic[Q, R]):
             # The caller went away: free the slot now rather than when the worker reaches it.
             with contextlib.suppress(ValueError):
                 self._queue.remove(pending)
+                nvtx.end(pending.nvtx_queue)
             pending.future.cancel()
             raise
 
@@ -183,6 +188,7 @@ class Batcher(Generic[Q, R]):
                 continue
             start = time.perf_counter_ns()
             self._running = batch
+            compute_range = nvtx.start(self._nvtx_compute)
             try:
                 queries = [p.query for p in batch]
                 if self._executor is None:
@@ -195,6 +201,7 @@ class Batcher(Generic[Q, R]):
                 answers = [e] * len(batch)
             end = time.perf_counter_ns()
             self._running = []
+            nvtx.end(compute_range)
             compute_us = (end - start) // 1000
             per_request = (end - start) / 1e9 / len(batch)
             self.request_s = per_request if self.batches == 0 else (1 - _EWMA) * self.request_s + _EWMA * per_request
@@ -226,6 +233,8 @@ class Batcher(Generic[Q, R]):
         now = time.monotonic()
         while self._queue and len(batch) < n:
             p = self._queue.popleft()
+            nvtx.end(p.nvtx_queue)  # dropped or taken: its wait in the queue ends here
+            p.nvtx_queue = None
             if p.future.done():
                 continue
             if p.deadline is not None and p.deadline <= now:

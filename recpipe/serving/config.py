@@ -5,7 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from recpipe.config import DEFAULT_HOST, DEFAULT_PORTS
+from recpipe.config import (
+    DEFAULT_HOST,
+    DEFAULT_PORTS,
+    DEFAULT_RESCORE,
+    EMBEDDING_PLACEMENTS,
+    MAX_RESCORE,
+    RETRIEVAL_PRECISIONS,
+)
 from recpipe.errors import UsageError
 from recpipe.serving.batcher import BatchConfig
 
@@ -14,6 +21,54 @@ STAGE_NAMES: tuple[str, ...] = ("features", "retrieval", "ranking", "gateway")
 METRICS_PORT_OFFSET = 1000
 #: Recommend calls the gateway works on at once; more are refused with RESOURCE_EXHAUSTED.
 DEFAULT_MAX_IN_FLIGHT = 512
+
+
+@dataclass(frozen=True)
+class GpuConfig:
+    """The GPU fast path (``recpipe serve --cuda-graphs/--no-cuda-graphs --retrieval-precision --rescore
+    --embeddings --nvtx``).
+
+    ``cuda_graphs``: replay a CUDA graph per bucketed batch shape for the ranking forward and the user
+    tower (CUDA only; nothing changes on the CPU). ``precision``: the retrieval scan (auto = fp16 on
+    CUDA, FAISS on the CPU); ``rescore``: the half-precision scan keeps rescore x k candidates and
+    re-scores them in fp32 (0 = off). ``embeddings``: DLRM tables in device memory or in pinned host
+    memory read by the GPU in place (CUDA only). ``nvtx``: NVTX ranges per stage step (CUDA only).
+    The CUDA-only choices are checked against the machine by ``recpipe serve`` before anything starts.
+    """
+
+    cuda_graphs: bool = True
+    precision: str = "auto"
+    rescore: int = DEFAULT_RESCORE
+    embeddings: str = "device"
+    nvtx: bool = False
+
+    def __post_init__(self) -> None:
+        if self.precision not in RETRIEVAL_PRECISIONS:
+            raise UsageError(f"--retrieval-precision must be one of {', '.join(RETRIEVAL_PRECISIONS)}, "
+                             f"got {self.precision!r}")
+        if not 0 <= self.rescore <= MAX_RESCORE:
+            raise UsageError(f"--rescore must be in 0..{MAX_RESCORE}, got {self.rescore}")
+        if self.embeddings not in EMBEDDING_PLACEMENTS:
+            raise UsageError(f"--embeddings must be one of {', '.join(EMBEDDING_PLACEMENTS)}, got {self.embeddings!r}")
+
+    def flags(self) -> list[str]:
+        """The same settings as ``recpipe serve`` flags, for the stage processes ``--stage all`` starts."""
+        return ["--cuda-graphs" if self.cuda_graphs else "--no-cuda-graphs", "--retrieval-precision", self.precision,
+                "--rescore", str(self.rescore), "--embeddings", self.embeddings, *(["--nvtx"] if self.nvtx else [])]
+
+    def check_machine(self, device: str) -> None:
+        """``UsageError`` for a CUDA-only choice on a machine or ``--device`` without CUDA (never ignored)."""
+        if not (self.nvtx or self.embeddings == "host"):
+            return
+        import torch
+
+        cuda = torch.cuda.is_available() and not device.strip().lower().startswith("cpu")
+        if self.nvtx and not torch.cuda.is_available():
+            raise UsageError("--nvtx needs CUDA (NVTX ranges are for Nsight Systems on a GPU machine); "
+                             "no CUDA device is available here")
+        if self.embeddings == "host" and not cuda:
+            raise UsageError(f"--embeddings host needs a CUDA device (tables in pinned host memory read by the GPU); "
+                             f"{'--device ' + device if torch.cuda.is_available() else 'no CUDA device is available here'}")
 
 
 @dataclass(frozen=True)
@@ -40,6 +95,7 @@ class StageConfig:
     targets: dict[str, str] = field(default_factory=dict)
     batch: BatchConfig = field(default_factory=BatchConfig)
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    gpu: GpuConfig = field(default_factory=GpuConfig)
 
     def __post_init__(self) -> None:
         if self.stage not in STAGE_NAMES:

@@ -148,13 +148,17 @@ def test_torch_exact_backend_matches_flat(data) -> None:
     np.testing.assert_allclose(scores, f_scores, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_retrieval(cores, small_models: Path) -> None:
     features, _ = cores
-    gpu = RetrievalCore.load(small_models, device="cuda")
-    assert gpu.device.startswith("cuda:") and gpu.details["backend"] in ("faiss-gpu", "torch-exact")
-    found = gpu.retrieve(features.augment_user(2), 50)
-    assert len(np.unique(found.item_ids)) == 50
+    for precision in ("auto", "fp32"):  # auto: fp16 torch exact search + fp32 re-score on CUDA
+        gpu = RetrievalCore.load(small_models, device="cuda", precision=precision)
+        backend = gpu.details["backend"]
+        assert gpu.device.startswith("cuda:")
+        assert backend.startswith("torch-exact-fp16") if precision == "auto" else backend in ("faiss-gpu", "torch-exact")
+        found = gpu.retrieve(features.augment_user(2), 50)
+        assert len(np.unique(found.item_ids)) == 50
 
 
 def test_a_batch_of_queries_finds_what_each_finds_alone(cores) -> None:

@@ -1,0 +1,76 @@
+"""Every ``recpipe bench ...`` subcommand runs end to end at a tiny scale: with ``--device cpu`` here, and
+with ``--device cuda`` too where a GPU is present (``bench ranking --device cuda`` once crashed).
+
+A new bench module must add its tiny-scale arguments to ``CASES`` (``test_every_bench_has_a_case``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from recpipe.cli import main
+from recpipe.commands.bench import _benchmarks
+
+CUDA = torch.cuda.is_available()
+
+
+def _chain(m: Path, d: Path, tmp: Path, request: pytest.FixtureRequest, device: str) -> list[str]:
+    argv = ["--models", str(m), "--data", str(d), "--queries", "5", "--warmup", "1", "--num-candidates", "50",
+            "--threads", "1", "--device", device]
+    if device == "cpu":  # measure the session's in-process chain; on CUDA the bench starts its own stages
+        argv += ["--target", request.getfixturevalue("serving_chain").gateway.address]
+    return argv
+
+
+#: bench name -> (arguments at tiny scale, whether it takes --device)
+CASES: dict[str, tuple[Callable[[Path, Path, Path, pytest.FixtureRequest, str], list[str]], bool]] = {
+    "chain": (_chain, True),
+    "ranking": (lambda m, d, tmp, r, dev: ["--models", str(m), "--data", str(d), "--batch", "50", "--calls", "5",
+                                           "--warmup", "1", "--device", dev], True),
+    "retrieval": (lambda m, d, tmp, r, dev: ["--models", str(m), "--data", str(d), "--k", "50", "--queries", "5",
+                                             "--warmup", "1", "--device", dev], True),
+    "features": (lambda m, d, tmp, r, dev: ["--models", str(m), "--data", str(d), "--queries", "5", "--warmup", "1",
+                                            "--items", "50"], False),
+    "datagen": (lambda m, d, tmp, r, dev: ["--scale", "0.001", "--tmp", str(tmp)], False),
+    "preprocess": (lambda m, d, tmp, r, dev: ["--data", str(d), "--max-vocab", "100"], False),
+    "querygen": (lambda m, d, tmp, r, dev: ["--rates", "200", "--duration", "0.3", "--warmup", "0.1"], False),
+    "hop": (lambda m, d, tmp, r, dev: ["--calls", "20", "--warmup", "5", "--candidates", "50"], False),
+    "overload": (lambda m, d, tmp, r, dev: ["--target", r.getfixturevalue("serving_chain").gateway.address,
+                                            "--rate", "10", "--base-s", "0.5", "--overload-s", "0.5",
+                                            "--recovery-s", "0.3", "--num-candidates", "50"], False),
+}
+
+
+def test_every_bench_has_a_case() -> None:
+    assert set(_benchmarks()) == set(CASES), "add the new bench's tiny-scale arguments to CASES"
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs a CUDA device")])])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_bench_runs(name: str, device: str, small_models: Path, small_dataset: Path, tmp_path: Path,
+                    request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str]) -> None:
+    make_args, takes_device = CASES[name]
+    if device == "cuda" and not takes_device:
+        pytest.skip(f"bench {name} does not use a device")
+    argv = ["bench", name, *make_args(small_models, small_dataset, tmp_path, request, device)]
+    if name == "preprocess" and not os.environ.get("RECPIPE_NVTABULAR_PYTHON"):
+        # no NVTabular environment on this machine: the bench says so in one line, exit code 2
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "nvtabular" in err[0].lower()
+        return
+    assert main(argv) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert out.strip()
+    if name == "retrieval":
+        assert "fp16 exact search + fp32 re-score of top 2k: recall@50 vs fp32 exact" in out
+    if name == "ranking":
+        assert "served (fused + user-side once)" in out
+        if device == "cuda":
+            assert "served, tables in host memory" in out and "served, no CUDA graphs" in out
