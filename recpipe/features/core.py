@@ -178,14 +178,21 @@ class FeatureCore:
 
     def items_batch(self, queries: Sequence[ItemsQuery]) -> list[ItemFeatures]:
         """One gather for all the queries' (user, item) pairs, split back per query."""
-        ids = np.concatenate([q.item_ids for q in queries]) if len(queries) > 1 else queries[0].item_ids
-        users = np.repeat(np.fromiter((q.user_id for q in queries), np.int64, len(queries)),
-                          [q.item_ids.shape[0] for q in queries])
+        if len(queries) == 1:
+            q = queries[0]
+            users = np.full(q.item_ids.shape[0], q.user_id, dtype=np.int64)
+            return [ItemFeatures(q.item_ids.copy(), self.item_dense_rows(users, q.item_ids), self.item_sparse[q.item_ids])]
+        counts = [q.item_ids.shape[0] for q in queries]
+        ids = np.concatenate([q.item_ids for q in queries])
+        users = np.repeat(np.fromiter((q.user_id for q in queries), np.int64, len(queries)), counts)
         dense = self.item_dense_rows(users, ids)
         sparse = self.item_sparse[ids]
-        bounds = np.cumsum([q.item_ids.shape[0] for q in queries])[:-1]
-        return [ItemFeatures(item_ids=i.copy(), dense=d, sparse=s) for i, d, s in
-                zip(np.split(ids, bounds), np.split(dense, bounds), np.split(sparse, bounds), strict=True)]
+        out, start = [], 0
+        for n in counts:
+            end = start + n
+            out.append(ItemFeatures(ids[start:end], dense[start:end], sparse[start:end]))
+            start = end
+        return out
 
     # ---- bulk gathers (requests and training examples alike) ---------------------------------------
 

@@ -117,4 +117,8 @@ class RankingCore:
             np.concatenate([q.item_sparse for q in queries]) if len(queries) > 1 else queries[0].item_sparse,
             counts,
         )
-        return np.split(scores, np.cumsum(counts)[:-1])
+        out, start = [], 0
+        for n in counts:
+            out.append(scores[start : start + n])
+            start += n
+        return out

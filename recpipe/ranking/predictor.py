@@ -46,6 +46,7 @@ class Predictor:
         """Enable the factorised path: the first ``num_user_tables`` sparse features belong to the user."""
         self.num_user_tables = num_user_tables
         split = _UserSplit(self.model, num_user_tables).to(self.device)
+        split.gather_segments = self.graphs != "eager" or self.device.type != "cpu"
         self._split = split
 
         def probabilities(*inputs: torch.Tensor) -> torch.Tensor:
@@ -174,6 +175,10 @@ class _UserSplit(nn.Module):
         self.register_buffer("var_src", torch.tensor(var_src, dtype=torch.long), persistent=False)
         self.u_tab = u_tab
         self.rest = model.over_arch.model[1:]
+        #: How items meet their user's vectors when B > 1: a per-item gather + batched matmul (static
+        #: shapes, what CUDA graphs need; padded rows break the per-user runs) or one matmul per user over
+        #: its contiguous items (far cheaper on a CPU). Both give the same scores.
+        self.gather_segments = True
 
     def forward(
         self, ud: torch.Tensor, us: torch.Tensor, idn: torch.Tensor, isp: torch.Tensor, seg: torch.Tensor | None
@@ -194,8 +199,13 @@ class _UserSplit(nn.Module):
         if seg is None:  # one user: a plain matmul against its vectors, no per-item copy of them
             vu = (v @ u[0].T).flatten(1)  # (N, ni*nu)
             h_user = h0
-        else:
+        elif self.gather_segments:  # static shapes (CUDA graphs): each item gathers its user's vectors
             vu = torch.bmm(v, u.index_select(0, seg).transpose(1, 2)).flatten(1)
+            h_user = h0.index_select(0, seg)
+        else:  # one matmul per user over its contiguous items: far cheaper on a CPU than N tiny ones
+            counts = torch.bincount(seg, minlength=u.shape[0]).tolist()
+            vu = torch.cat([part @ u[i].T for i, part in enumerate(torch.split(v, counts)) if part.shape[0]])
+            vu = vu.flatten(1)
             h_user = h0.index_select(0, seg)
         vv = torch.bmm(v, v.transpose(1, 2)).flatten(1)  # (N, ni*ni)
         x_var = torch.cat([vu, vv], dim=1).index_select(1, self.var_src)  # (N, #var pairs)

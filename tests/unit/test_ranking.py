@@ -132,3 +132,23 @@ def test_a_batch_of_requests_scores_as_each_alone(cores, chunk_rows, monkeypatch
         alone = ranking.rank_batch([q])[0]
         assert scores.shape == (q.k,)
         np.testing.assert_allclose(scores, alone, rtol=1e-5, atol=1e-6)
+
+
+def test_both_ways_items_meet_their_users_give_the_same_scores(cores) -> None:
+    # CUDA (graphs) gathers each item's user vectors; the CPU does one matmul per user: same scores
+    features, ranking = cores
+    rng = np.random.default_rng(7)
+    counts = [5, 1, 30, 12]
+    users = [features.augment_user(u) for u in range(len(counts))]
+    items = [features.augment_items(u, rng.choice(features.num_items, k, replace=False)) for u, k in enumerate(counts)]
+    args = (np.stack([u.dense for u in users]), np.stack([u.sparse for u in users]),
+            np.concatenate([i.dense for i in items]), np.concatenate([i.sparse for i in items]), counts)
+    split = ranking.predictor._split
+    assert split is not None and split.gather_segments is False  # the CPU default
+    per_user = ranking.predictor.score_batch(*args)
+    split.gather_segments = True
+    try:
+        gathered = ranking.predictor.score_batch(*args)
+    finally:
+        split.gather_segments = False
+    np.testing.assert_allclose(per_user, gathered, rtol=1e-5, atol=1e-6)
