@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-candidates", type=int, default=500)
     parser.add_argument("--timeout", type=float, default=0.5, help="per-query deadline, s (default %(default)s)")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--max-batch", type=int, default=32)
+    parser.add_argument("--max-batch", type=int, default=0, help="the stages' --max-batch (0 = auto)")
     parser.add_argument("--max-queue", type=int, default=256)
     parser.add_argument("--max-in-flight", type=int, default=512)
     parser.add_argument("--workers", type=int, default=1, help="stage --workers (1: core calls on a thread)")

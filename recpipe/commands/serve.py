@@ -60,8 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=0,
                         help="run unbatched core calls on N threads per stage instead of the event loop (0 = inline)")
     batching = parser.add_argument_group("dynamic batching and admission (retrieval, ranking, AugmentItems)")
-    batching.add_argument("--max-batch", type=int, default=32,
-                          help="requests per core call at most (1 = batching off; default %(default)s)")
+    batching.add_argument("--max-batch", type=int, default=0,
+                          help="requests per core call at most (1 = batching off; default 0 = auto: 32 where "
+                               "the stage computes on a GPU, 1 on a CPU, where a batch only adds waiting)")
     batching.add_argument("--max-queue-delay-us", type=int, default=0,
                           help="how long the first queued request may wait for others, in µs "
                                "(0 = take what is queued; default %(default)s)")

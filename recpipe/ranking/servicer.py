@@ -49,7 +49,7 @@ class RankingStage(CoreStage[RankingCoreLike]):
         ranking_pb2_grpc.add_RankingServiceServicer_to_server(self, server)  # type: ignore[arg-type]
 
     def _start(self, core: RankingCoreLike) -> None:
-        self._rank = self._batcher("Rank", core.rank_batch)
+        self._rank = self._batcher("Rank", core.rank_batch, core.device)
 
     def info(self) -> StageInfo:
         core = self._core

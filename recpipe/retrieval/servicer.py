@@ -50,7 +50,7 @@ class RetrievalStage(CoreStage[RetrievalCoreLike]):
         retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(self, server)  # type: ignore[arg-type]
 
     def _start(self, core: RetrievalCoreLike) -> None:
-        self._retrieve = self._batcher("Retrieve", core.retrieve_batch)
+        self._retrieve = self._batcher("Retrieve", core.retrieve_batch, core.device)
 
     def info(self) -> StageInfo:
         core = self._core

@@ -43,6 +43,10 @@ R = TypeVar("R")
 _EWMA = 0.2
 
 
+#: ``--max-batch 0`` (auto): batches of this many requests at most where the core runs on a GPU.
+GPU_MAX_BATCH = 32
+
+
 @dataclass(frozen=True)
 class BatchConfig:
     """The batcher's knobs (``recpipe serve --max-batch/--max-queue-delay-us/--max-queue``).
@@ -50,20 +54,29 @@ class BatchConfig:
     ``max_batch`` requests at most per core call; ``max_queue_delay_us`` how long the first queued
     request may wait for others (0 = take what is queued); ``max_queue`` requests waiting at most,
     beyond which new ones are refused. ``max_batch=1`` turns batching off (one core call per request,
-    still queued and admitted the same way).
+    still queued and admitted the same way); 0 (the default) is ``GPU_MAX_BATCH`` for a core on a GPU
+    and 1 on a CPU. On a CPU a forward over B requests costs about B forwards, so a batch only makes
+    its first requests wait for the last (measured in BENCHMARKS.md); on a GPU it costs about one.
     """
 
-    max_batch: int = 32
+    max_batch: int = 0
     max_queue_delay_us: int = 0
     max_queue: int = 256
 
     def __post_init__(self) -> None:
-        if self.max_batch < 1:
-            raise UsageError(f"--max-batch must be >= 1, got {self.max_batch}")
+        if self.max_batch < 0:
+            raise UsageError(f"--max-batch must be >= 0 (0 = auto), got {self.max_batch}")
         if self.max_queue_delay_us < 0:
             raise UsageError(f"--max-queue-delay-us must be >= 0, got {self.max_queue_delay_us}")
-        if self.max_queue < self.max_batch:
+        if self.max_queue < max(1, self.max_batch):
             raise UsageError(f"--max-queue ({self.max_queue}) must be >= --max-batch ({self.max_batch})")
+
+    def for_device(self, device: str) -> BatchConfig:
+        """The knobs with ``max_batch`` 0 resolved for a core on ``device`` ("cpu", "cuda:0 (...)")."""
+        if self.max_batch:
+            return self
+        size = GPU_MAX_BATCH if device.startswith("cuda") else 1
+        return BatchConfig(size, self.max_queue_delay_us, max(self.max_queue, size))
 
 
 @dataclass(frozen=True)
@@ -98,7 +111,7 @@ class Batcher(Generic[Q, R]):
                  config: BatchConfig | None = None, *, threaded: bool = True) -> None:
         self.stage = stage
         self.fn = fn
-        self.config = config or BatchConfig()
+        self.config = config or BatchConfig(GPU_MAX_BATCH)
         self._nvtx_queue, self._nvtx_compute = (f"{nvtx.step_prefix(stage)}.{step}" for step in ("queue", "compute"))
         self._queue: deque[_Pending[Q, R]] = deque()
         self._wake: asyncio.Event | None = None

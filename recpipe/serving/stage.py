@@ -98,7 +98,10 @@ class CoreStage(Stage, Generic[C]):
     def _start(self, core: C) -> None:
         """Create the batchers over the loaded ``core`` (none by default)."""
 
-    def _batcher(self, method: str, fn: Callable[[Sequence[Q]], Sequence[R | BaseException]]) -> Batcher[Q, R]:
+    def _batcher(self, method: str, fn: Callable[[Sequence[Q]], Sequence[R | BaseException]],
+                 device: str = "cpu") -> Batcher[Q, R]:
+        """A batcher for ``method`` over ``fn``; ``device`` (the core's) resolves ``--max-batch 0``."""
+        self.batch_config = self.batch_config.for_device(device)
         batcher: Batcher[Q, R] = Batcher(f"{self.name}.{method}", fn, self.batch_config,
                                          threaded=self._run.threaded)
         self._batchers.append(batcher)

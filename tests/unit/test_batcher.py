@@ -223,9 +223,17 @@ def test_close_fails_queued_requests_with_unavailable() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"max_batch": 0}, "--max-batch must be >= 1"), ({"max_queue_delay_us": -1}, "--max-queue-delay-us must be >= 0"),
+    [({"max_batch": -1}, r"--max-batch must be >= 0 \(0 = auto\)"), ({"max_queue_delay_us": -1}, "--max-queue-delay-us must be >= 0"),
      ({"max_batch": 8, "max_queue": 4}, r"--max-queue \(4\) must be >= --max-batch \(8\)")],
 )
 def test_bad_knobs_are_usage_errors(kwargs: dict, message: str) -> None:
     with pytest.raises(UsageError, match=message):
         BatchConfig(**kwargs)
+
+
+def test_max_batch_zero_means_32_on_a_gpu_and_1_on_a_cpu() -> None:
+    auto = BatchConfig()
+    assert auto.max_batch == 0
+    assert auto.for_device("cpu").max_batch == 1
+    assert auto.for_device("cuda:0 (NVIDIA H100 80GB HBM3)").max_batch == 32
+    assert BatchConfig(max_batch=8).for_device("cpu").max_batch == 8  # an explicit size is kept
