@@ -43,6 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-candidates", type=int, default=500)
     parser.add_argument("--timeout", type=float, default=0.5, help="per-query deadline, s (default %(default)s)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=0, help="compute threads per stage (0 = library default)")
     parser.add_argument("--max-batch", type=int, default=0, help="the stages' --max-batch (0 = auto)")
     parser.add_argument("--max-queue", type=int, default=256)
     parser.add_argument("--max-in-flight", type=int, default=512)
@@ -68,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
         extra = ["--max-batch", str(args.max_batch), "--max-queue", str(args.max_queue),
                  "--max-in-flight", str(args.max_in_flight)]
         stages = supervised_stages(models=args.models, data=args.data, host=DEFAULT_HOST, ports=ports,
-                                   metrics=metrics, device=args.device, workers=args.workers, extra=extra)
+                                   metrics=metrics, device=args.device, threads=args.threads,
+                                   workers=args.workers, extra=extra)
         supervisor = Supervisor(stages)
         supervisor.start()
         target = supervisor.addresses()["gateway"]
