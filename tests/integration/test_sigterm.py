@@ -13,7 +13,7 @@ from pathlib import Path
 
 def test_sigterm_during_synth_data_removes_its_temporary_directory(tmp_path: Path) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "recpipe", "synth-data", "--out", str(tmp_path / "data"), "--scale", "0.1", "--quiet"],
+        [sys.executable, "-m", "recpipe", "synth-data", "--out", str(tmp_path / "data"), "--scale", "0.5", "--quiet"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
