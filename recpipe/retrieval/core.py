@@ -168,21 +168,18 @@ class RetrievalCore:
         sparse = np.stack([q.sparse for q in queries])
         if self.exact is not None:
             return self._exact_batch(queries, dense, sparse)
-        emb = self.query_embeddings(dense, sparse)
+        # FAISS searches from host memory: one copy of the (B, D) query vectors, whatever the groups
+        emb = self.query_embeddings(dense, sparse).float().cpu().numpy()
         # An input that overflowed the tower gives a zero/NaN query: its scores are reported as NaN, which
         # the servicer answers as out of the model's range (recpipe.finite).
-        bad = degenerate(torch.linalg.vector_norm(emb.float(), dim=-1).cpu().numpy())
+        bad = degenerate(np.linalg.norm(emb, axis=1))
         out: list[Candidates | None] = [None] * len(queries)
         groups: dict[tuple[int, int, int], list[int]] = {}
         for i, q in enumerate(queries):
             groups.setdefault(q.search_key, []).append(i)
         for (k, nprobe, ef_search), rows in groups.items():
-            if len(rows) == len(queries):
-                sel = emb
-            else:
-                with self.io.stream():
-                    sel = emb.index_select(0, self.io.to_device(self.io.put("rows", np.asarray(rows), np.int64)))
-            scores, ids = self._search(sel.float().cpu().numpy(), k, nprobe, ef_search)
+            sel = emb if len(rows) == len(queries) else emb[rows]
+            scores, ids = self._search(sel, k, nprobe, ef_search)
             for j, i in enumerate(rows):
                 found = scores[j].astype(np.float32)
                 if bad[i]:
