@@ -22,6 +22,7 @@ import numpy as np
 
 from recpipe.config import DEFAULT_DATA_DIR, DEFAULT_MODELS_DIR
 from recpipe.errors import UsageError
+from recpipe.serving.config import DEFAULT_MAX_IN_FLIGHT
 
 #: The issue's targets.
 SHED_P99_MS = 5.0
@@ -46,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=0, help="compute threads per stage (0 = library default)")
     parser.add_argument("--max-batch", type=int, default=0, help="the stages' --max-batch (0 = auto)")
     parser.add_argument("--max-queue", type=int, default=256)
-    parser.add_argument("--max-in-flight", type=int, default=512)
+    parser.add_argument("--max-in-flight", type=int, default=DEFAULT_MAX_IN_FLIGHT)
     parser.add_argument("--workers", type=int, default=1, help="stage --workers (1: core calls on a thread)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON here")

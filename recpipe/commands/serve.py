@@ -28,6 +28,7 @@ from recpipe.config import (
     RETRIEVAL_PRECISIONS,
 )
 from recpipe.errors import UsageError
+from recpipe.serving.config import DEFAULT_MAX_IN_FLIGHT
 
 if TYPE_CHECKING:
     from recpipe.serving.batcher import BatchConfig
@@ -69,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     batching.add_argument("--max-queue", type=int, default=256,
                           help="requests waiting per stage method at most; more are refused with "
                                "RESOURCE_EXHAUSTED (default %(default)s)")
-    batching.add_argument("--max-in-flight", type=int, default=512,
+    batching.add_argument("--max-in-flight", type=int, default=DEFAULT_MAX_IN_FLIGHT,
                           help="gateway: Recommend calls in progress at most; more are refused with "
                                "RESOURCE_EXHAUSTED (default %(default)s)")
     gpu = parser.add_argument_group("GPU fast path (retrieval, ranking on a CUDA device)")
@@ -144,8 +145,9 @@ def batch_flags(args: argparse.Namespace) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     batch_config(args)  # bad knobs fail here, before any process starts
     gpu_config(args).check_machine(args.device)
-    if args.max_in_flight < 1:
-        raise UsageError(f"--max-in-flight must be >= 1, got {args.max_in_flight}")
+    from recpipe.serving.config import check_max_in_flight
+
+    check_max_in_flight(args.max_in_flight)
     if args.port is not None and not 0 <= args.port <= 65535 - 3:
         raise UsageError(f"--port must be in 0..65532, got {args.port}")
     if args.stage != "all":

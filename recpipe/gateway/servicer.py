@@ -10,6 +10,7 @@ from recpipe.gateway.admission import Admission
 from recpipe.gateway.chain import Chain
 from recpipe.gateway.clients import GrpcFeatureClient, GrpcRankingClient, GrpcRetrievalClient
 from recpipe.gateway.readiness import ChainReadiness
+from recpipe.serving.config import DEFAULT_MAX_IN_FLIGHT
 from recpipe.serving.stage import ReadinessWatch, Stage, StageInfo, check_deadline
 from recpipe.v1 import recommend_pb2, recommend_pb2_grpc
 
@@ -20,7 +21,7 @@ class GatewayStage(Stage):
     name = "gateway"
     service_names = (SERVICE_NAME,)
 
-    def __init__(self, features: str, retrieval: str, ranking: str, *, max_in_flight: int = 512) -> None:
+    def __init__(self, features: str, retrieval: str, ranking: str, *, max_in_flight: int = DEFAULT_MAX_IN_FLIGHT) -> None:
         self.targets = {"features": features, "retrieval": retrieval, "ranking": ranking}
         self.admission = Admission(max_in_flight)
         self.chain: Chain | None = None

@@ -23,6 +23,14 @@ METRICS_PORT_OFFSET = 1000
 DEFAULT_MAX_IN_FLIGHT = 512
 
 
+def check_max_in_flight(value: int) -> int:
+    """``--max-in-flight``, or ``UsageError`` (one check for the CLI, before any process starts, and
+    for ``StageConfig``)."""
+    if value < 1:
+        raise UsageError(f"--max-in-flight must be >= 1, got {value}")
+    return value
+
+
 @dataclass(frozen=True)
 class GpuConfig:
     """The GPU fast path (``recpipe serve --cuda-graphs/--no-cuda-graphs --retrieval-precision --rescore
@@ -107,8 +115,7 @@ class StageConfig:
             raise UsageError("--threads and --workers must be >= 0")
         if self.grace_s < 0:
             raise UsageError("--grace must be >= 0")
-        if self.max_in_flight < 1:
-            raise UsageError(f"--max-in-flight must be >= 1, got {self.max_in_flight}")
+        check_max_in_flight(self.max_in_flight)
         if self.stage == "gateway":
             missing = [s for s in ("features", "retrieval", "ranking") if not self.targets.get(s)]
             if missing:
