@@ -52,7 +52,7 @@ from workload import (
     sampler_from_data,
 )
 
-from recpipe.config import STAGES
+from recpipe.config import STEPS
 from recpipe.v1 import recommend_pb2, recommend_pb2_grpc
 
 logger = logging.getLogger("recpipe.loadtest")
@@ -179,7 +179,7 @@ class RecommendUser(GrpcUser):
         """
         timings = {t.stage: t for t in response.timings}
         stats = self.environment.stats
-        for stage in STAGES:
+        for stage in STEPS:
             timing = timings.get(stage)
             name = f"stage:{stage}"
             if timing is None:

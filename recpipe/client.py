@@ -19,14 +19,14 @@ from types import TracebackType
 import grpc
 import numpy as np
 
-from recpipe.config import DEFAULT_HOST, DEFAULT_PORTS, normalize_target
-from recpipe.gateway.chain import Recommendation, StageTiming
+from recpipe.config import DEFAULT_HOST, DEFAULT_PORT, normalize_target
 from recpipe.serving.channels import make_blocking_channel
 from recpipe.serving.stage import StageInfo
 from recpipe.serving.status import error_for
+from recpipe.types import Recommendation, StageTiming
 from recpipe.v1 import info_pb2, info_pb2_grpc, recommend_pb2, recommend_pb2_grpc
 
-DEFAULT_TARGET = f"{DEFAULT_HOST}:{DEFAULT_PORTS['gateway']}"
+DEFAULT_TARGET = f"{DEFAULT_HOST}:{DEFAULT_PORT}"
 #: the batcher's split of server time, passed on where the gateway-side StageTiming has these fields
 _SPLIT = tuple(f.name for f in dataclasses.fields(StageTiming) if f.name in ("queue_us", "compute_us", "batch_size"))
 

@@ -8,18 +8,17 @@ from __future__ import annotations
 
 from typing import Final
 
-#: The four timed stages of one Recommend call, in chain order, as they appear in StageTiming.stage.
-STAGES: Final[tuple[str, ...]] = ("augment_user", "retrieve", "augment_items", "rank")
+#: The four timed steps of one Recommend call, in chain order: their wire names in StageTiming.stage, the
+#: JSON of querygen runs and the tables. (A *step* is part of a query; a *stage* is a process, named by
+#: its spec in ``recpipe.stages``; ``recpipe.gateway.spec.STEP_STAGES`` says which stage runs each step.)
+STEPS: Final[tuple[str, ...]] = ("augment_user", "retrieve", "augment_items", "rank")
 #: The StageTiming.stage name of the whole call as seen by the gateway.
-TOTAL_STAGE: Final[str] = "total"
+TOTAL_STEP: Final[str] = "total"
 
 DEFAULT_HOST: Final[str] = "127.0.0.1"
-DEFAULT_PORTS: Final[dict[str, int]] = {
-    "gateway": 50051,
-    "features": 50052,
-    "retrieval": 50053,
-    "ranking": 50054,
-}
+#: The gateway's gRPC port (the chain's entry); every other stage listens at this plus its spec's
+#: ``port_offset`` (``recpipe/<stage>/spec.py``).
+DEFAULT_PORT: Final[int] = 50051
 
 
 def normalize_target(target: str) -> str:
@@ -38,10 +37,3 @@ MAX_NUM_CANDIDATES: Final[int] = 10_000
 
 DEFAULT_DATA_DIR: Final[str] = "data"
 DEFAULT_MODELS_DIR: Final[str] = "models"
-
-#: The GPU fast path's choices (``recpipe serve``): the retrieval scan's precision (auto = fp16 on a
-#: CUDA device, the FAISS index on the CPU), the fp32 re-score factor, and where the DLRM tables live.
-RETRIEVAL_PRECISIONS: Final[tuple[str, ...]] = ("auto", "fp32", "fp16", "bf16")
-DEFAULT_RESCORE: Final[int] = 2
-MAX_RESCORE: Final[int] = 64
-EMBEDDING_PLACEMENTS: Final[tuple[str, ...]] = ("device", "host")

@@ -16,7 +16,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from recpipe.config import DEFAULT_HOST, DEFAULT_PORTS
+from recpipe.config import DEFAULT_HOST, DEFAULT_PORT
 from recpipe.errors import UsageError
 
 TARGET_ENV = "RECPIPE_HEALTH_TARGET"
@@ -30,7 +30,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m recpipe.healthcheck", description="Exit 0 when a recpipe server reports SERVING.")
     parser.add_argument("target", nargs="?", default=None,
-                        help=f"HOST:PORT (default ${TARGET_ENV}, else {DEFAULT_HOST}:{DEFAULT_PORTS['gateway']})")
+                        help=f"HOST:PORT (default ${TARGET_ENV}, else {DEFAULT_HOST}:{DEFAULT_PORT})")
     parser.add_argument("--service", default="", help="the service name to ask about ('' = the whole server)")
     parser.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the answer")
     return parser
@@ -64,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
         if args.timeout <= 0:
             raise UsageError(f"--timeout must be > 0, got {args.timeout}")
-        target = args.target or os.environ.get(TARGET_ENV) or f"{DEFAULT_HOST}:{DEFAULT_PORTS['gateway']}"
+        target = args.target or os.environ.get(TARGET_ENV) or f"{DEFAULT_HOST}:{DEFAULT_PORT}"
     except UsageError as e:
         print(f"recpipe.healthcheck: error: {e}", file=sys.stderr)
         return 2

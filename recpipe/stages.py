@@ -1,75 +1,43 @@
-"""The registry of stages: the one place that knows which stages exist and how each is built.
+"""The registry of recpipe's stages: the one list of which stages exist, built from their specs.
 
-``serving/`` (servers, supervisor, runner) knows a stage only as a ``recpipe.serving.stage.Stage``;
-``recpipe serve``, the in-process chain (``recpipe.inprocess``) and the benches find stages here. Each
-stage package owns its contract (``contract.py``), pure core (``core.py``), thin servicer
-(``servicer.py``) and artifacts (``artifacts.py``); none imports another. Stage modules are imported
-only when a stage is built, after ``--threads`` has been applied to the libraries it uses.
+Each stage package declares itself in ``recpipe/<stage>/spec.py`` (``SPEC``: name, port, options,
+thread libraries, the stages it calls, builder) and owns its contract (``contract.py``), pure core
+(``core.py``), thin servicer (``servicer.py``) and artifacts (``artifacts.py``); none imports another.
+``recpipe serve``, the supervisor's launch, the in-process chain, the benches and the tables read
+names and options from ``registry()``; ``serving/`` knows a stage only through its spec. Importing the
+specs is cheap: a stage's heavy modules are imported only when it is built.
+
+``$RECPIPE_REGISTRY=module:attribute`` names another ``Registry`` for ``recpipe serve`` and the stage
+processes it starts (an extension's own stages, or the toy stages of the tests).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import importlib
+import os
 
-from recpipe.serving import nvtx
-from recpipe.serving import threads as thread_settings
-from recpipe.serving.config import STAGE_NAMES, StageConfig
-from recpipe.serving.stage import Stage
+from recpipe.errors import UsageError
+from recpipe.features.spec import SPEC as FEATURES
+from recpipe.gateway.spec import SPEC as GATEWAY
+from recpipe.ranking.spec import SPEC as RANKING
+from recpipe.retrieval.spec import SPEC as RETRIEVAL
+from recpipe.serving.spec import Registry
 
-
-@dataclass(frozen=True)
-class StageSpec:
-    """A stage: its name, the compute libraries ``--threads`` configures for it, and its builder."""
-
-    name: str
-    torch: bool
-    faiss: bool
-    build: Callable[[StageConfig], Stage]
+#: Upstream first: the order the supervisor starts the processes in.
+REGISTRY = Registry([FEATURES, RETRIEVAL, RANKING, GATEWAY])
+REGISTRY_ENV = "RECPIPE_REGISTRY"
 
 
-def _features(cfg: StageConfig) -> Stage:
-    from recpipe.features.servicer import load_stage
-
-    return load_stage(cfg.models_dir, cfg.data_dir, threads=cfg.threads or None, workers=cfg.workers,
-                      batch=cfg.batch)
-
-
-def _retrieval(cfg: StageConfig) -> Stage:
-    from recpipe.retrieval.servicer import load_stage
-
-    return load_stage(cfg.models_dir, device=cfg.device, threads=cfg.threads, workers=cfg.workers, batch=cfg.batch,
-                      cuda_graphs=cfg.gpu.cuda_graphs, precision=cfg.gpu.precision, rescore=cfg.gpu.rescore)
-
-
-def _ranking(cfg: StageConfig) -> Stage:
-    from recpipe.ranking.servicer import load_stage
-
-    return load_stage(cfg.models_dir, device=cfg.device, threads=cfg.threads, workers=cfg.workers, batch=cfg.batch,
-                      cuda_graphs=cfg.gpu.cuda_graphs, embeddings=cfg.gpu.embeddings)
-
-
-def _gateway(cfg: StageConfig) -> Stage:
-    from recpipe.gateway.servicer import GatewayStage
-
-    return GatewayStage(cfg.targets["features"], cfg.targets["retrieval"], cfg.targets["ranking"],
-                        max_in_flight=cfg.max_in_flight)
-
-
-REGISTRY: dict[str, StageSpec] = {
-    "features": StageSpec("features", torch=False, faiss=False, build=_features),
-    "retrieval": StageSpec("retrieval", torch=True, faiss=True, build=_retrieval),
-    "ranking": StageSpec("ranking", torch=True, faiss=False, build=_ranking),
-    "gateway": StageSpec("gateway", torch=False, faiss=False, build=_gateway),
-}
-assert tuple(REGISTRY) == STAGE_NAMES
-
-
-def build_stage(cfg: StageConfig) -> Stage:
-    """The stage ``cfg`` names, with its thread settings applied before its libraries are imported."""
-    spec = REGISTRY[cfg.stage]
-    if cfg.gpu.nvtx:
-        nvtx.enable()
-    if spec.name != "gateway":
-        thread_settings.configure(cfg.threads, torch=spec.torch, faiss=spec.faiss)
-    return spec.build(cfg)
+def registry() -> Registry:
+    """recpipe's stages, or the registry ``$RECPIPE_REGISTRY`` names."""
+    name = os.environ.get(REGISTRY_ENV)
+    if not name:
+        return REGISTRY
+    module, _, attr = name.partition(":")
+    try:
+        found = getattr(importlib.import_module(module), attr or "REGISTRY")
+    except (ImportError, AttributeError) as e:
+        raise UsageError(f"${REGISTRY_ENV}={name}: {e}") from None
+    if not isinstance(found, Registry):
+        raise UsageError(f"${REGISTRY_ENV}={name}: not a recpipe.serving.spec.Registry")
+    return found

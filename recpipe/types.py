@@ -8,10 +8,13 @@ contracts (both take the user features the feature stage produced).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import numpy as np
 
 from recpipe.errors import BadRequest
+
+T = TypeVar("T", covariant=True)
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,54 @@ class Candidates:
 
     item_ids: np.ndarray
     scores: np.ndarray
+
+
+@dataclass(frozen=True)
+class StageResult(Generic[T]):
+    """A stage's answer with the time the stage spent on it and the model version it used.
+
+    ``queue_us``/``compute_us``/``batch_size``: the part of ``server_us`` spent queued in the stage's
+    batcher, the core call it ran in, and how many requests shared that call.
+    """
+
+    value: T
+    server_us: int
+    model_version: str = ""
+    queue_us: int = 0
+    compute_us: int = 0
+    batch_size: int = 0
+
+    def timing(self, stage: str, observed_us: int) -> StageTiming:
+        return StageTiming(stage, self.server_us, observed_us, self.queue_us, self.compute_us, self.batch_size)
+
+
+@dataclass(frozen=True)
+class StageTiming:
+    """Per stage: server_us inside the stage, observed_us seen by the gateway, and the stage's split of
+    server_us into queue_us (batcher queue) and compute_us (core call of batch_size requests)."""
+
+    stage: str
+    server_us: int
+    observed_us: int
+    queue_us: int = 0
+    compute_us: int = 0
+    batch_size: int = 0
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """item_ids (n,) int64 distinct, scores (n,) float32 descending, one timing per stage + total."""
+
+    item_ids: np.ndarray
+    scores: np.ndarray
+    timings: tuple[StageTiming, ...]
+    model_version: str
+
+    def timing(self, stage: str) -> StageTiming:
+        for t in self.timings:
+            if t.stage == stage:
+                return t
+        raise KeyError(stage)
 
 
 def check_user_arrays(

@@ -15,7 +15,7 @@ one copy (building them costs a few seconds; tests that do not ask pay nothing).
     gateway/features/retrieval/ranking -> "127.0.0.1:PORT") with any gRPC client, e.g.
     ``recpipe.client.RecommendClient(serving_chain.gateway.address)``. Do not stop its servers: other
     modules share them; start your own with ``serving_threads`` + ``start_chain`` if you need to.
-``serving_threads`` -> ``recpipe.serving.inprocess.ServerThread``
+``serving_threads`` -> ``recpipe.serving.server.ServerThread``
     The loop hosting ``serving_chain``; ``serving_threads.start(stage)`` adds servers of your own
     (stop them with ``serving_threads.stop(server)``).
 ``dataset_info`` -> dict
@@ -32,7 +32,7 @@ import pytest
 
 if TYPE_CHECKING:
     from recpipe.inprocess import ChainServers
-    from recpipe.serving.inprocess import ServerThread
+    from recpipe.serving.server import ServerThread
 
 #: Scale of the shared test dataset (1.0 = 221k users, 850k items, 4M interactions).
 TEST_SCALE = 0.005
@@ -62,7 +62,7 @@ def small_models(small_dataset: Path, tmp_path_factory: pytest.TempPathFactory) 
 
 @pytest.fixture(scope="session")
 def serving_threads() -> Iterator[ServerThread]:
-    from recpipe.serving.inprocess import ServerThread
+    from recpipe.serving.server import ServerThread
 
     st = ServerThread()
     yield st

@@ -15,7 +15,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-from recpipe.config import DEFAULT_DATA_DIR, DEFAULT_MODELS_DIR, STAGES, TOTAL_STAGE
+from recpipe.config import DEFAULT_DATA_DIR, DEFAULT_MODELS_DIR, STEPS, TOTAL_STEP
 from recpipe.errors import UsageError
 
 T = TypeVar("T")
@@ -61,22 +61,23 @@ def run(args: argparse.Namespace) -> int:
 
     from recpipe.client import RecommendClient
     from recpipe.config import DEFAULT_HOST
-    from recpipe.gateway.chain import Recommendation
     from recpipe.gateway.latency import Summary, stage_summaries
     from recpipe.serving import threads
     from recpipe.serving.launch import allocate_ports, supervised_stages
     from recpipe.serving.supervisor import Supervisor
+    from recpipe.stages import REGISTRY
+    from recpipe.types import Recommendation
 
     supervisor = None
     target = args.target
     if target is None:
-        ports, metrics = allocate_ports(DEFAULT_HOST, 0, -1)
-        stages = supervised_stages(models=args.models, data=args.data, host=DEFAULT_HOST, ports=ports,
+        ports, metrics = allocate_ports(REGISTRY, DEFAULT_HOST, 0, -1)
+        stages = supervised_stages(REGISTRY, models=args.models, data=args.data, host=DEFAULT_HOST, ports=ports,
                                    metrics=metrics, device=args.device, threads=args.threads,
                                    workers=args.workers, extra=["--nvtx"] if getattr(args, "nvtx", False) else [])
         supervisor = Supervisor(stages)
         supervisor.launch()  # the stages load while this process loads its own cores
-        target = supervisor.addresses()["gateway"]
+        target = supervisor.addresses()[REGISTRY.entry.name]
     try:
         threads.configure(args.threads, torch=True, faiss=True)
         from recpipe.inprocess import LocalFeatureClient, local_chain
@@ -119,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'':<16}{'gRPC server':>22}{'gRPC observed':>22}{'in-process':>22}")
     print(f"{'stage (ms)':<16}" + f"{'p50':>11}{'p99':>11}" * 3 + f"{'target p50':>12}")
     rows = []
-    for stage in STAGES:
+    for stage in STEPS:
         gs, go = g_stages[stage]
         ls, _ = l_stages[stage]
         mark = "ok" if gs.p50 / 1000 <= TARGET_P50_MS[stage] else "MISS"
@@ -128,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
         rows.append({"stage": stage, "grpc_server_p50_us": gs.p50, "grpc_server_p99_us": gs.p99,
                      "grpc_observed_p50_us": go.p50, "grpc_observed_p99_us": go.p99,
                      "inprocess_p50_us": ls.p50, "inprocess_p99_us": ls.p99})
-    gw_srv, _ = g_stages[TOTAL_STAGE]
+    gw_srv, _ = g_stages[TOTAL_STEP]
     print(f"{'gateway total':<16}" + "".join(f"{v / 1000:>11.3f}" for v in (gw_srv.p50, gw_srv.p99)))
     mark = "ok" if g_e2e.p50 / 1000 <= TARGET_E2E_P50_MS else "MISS"
     print(f"{'end to end':<16}{'':>22}" + "".join(f"{v / 1000:>11.3f}" for v in (g_e2e.p50, g_e2e.p99, l_e2e.p50, l_e2e.p99))
@@ -160,9 +161,9 @@ def attribute_overhead(recs: list[Any], client_us: list[int], local_us: list[int
 
     hops, gateway, front = [], [], []
     for rec, c in zip(recs, client_us, strict=True):
-        observed = sum(rec.timing(s).observed_us for s in STAGES)
-        hops.append(observed - sum(rec.timing(s).server_us for s in STAGES))
-        total = rec.timing(TOTAL_STAGE).server_us
+        observed = sum(rec.timing(s).observed_us for s in STEPS)
+        hops.append(observed - sum(rec.timing(s).server_us for s in STEPS))
+        total = rec.timing(TOTAL_STEP).server_us
         gateway.append(total - observed)
         front.append(c - total)
     paired = np.asarray(client_us) - np.asarray(local_us)

@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"{what} {path}: no such directory")
     from recpipe.bench._timing import measure_interleaved, table
     from recpipe.features.core import FeatureCore, read_tables
-    from recpipe.training.split import split_by_time
+    from recpipe.timesplit import split_by_time
 
     core = FeatureCore.load(args.models, args.data)
     users, items, interactions = read_tables(args.data)

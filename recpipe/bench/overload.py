@@ -22,7 +22,7 @@ import numpy as np
 
 from recpipe.config import DEFAULT_DATA_DIR, DEFAULT_MODELS_DIR
 from recpipe.errors import UsageError
-from recpipe.serving.config import DEFAULT_MAX_IN_FLIGHT
+from recpipe.gateway.spec import DEFAULT_MAX_IN_FLIGHT
 
 #: The issue's targets.
 SHED_P99_MS = 5.0
@@ -59,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     from recpipe.config import DEFAULT_HOST
     from recpipe.serving.launch import allocate_ports, supervised_stages
     from recpipe.serving.supervisor import Supervisor
+    from recpipe.stages import REGISTRY
 
     supervisor = None
     target = args.target
@@ -66,15 +67,15 @@ def run(args: argparse.Namespace) -> int:
         for path, what in ((args.models, "--models"), (args.data, "--data")):
             if not Path(path).is_dir():
                 raise UsageError(f"{what} {path}: no such directory")
-        ports, metrics = allocate_ports(DEFAULT_HOST, 0, -1)
+        ports, metrics = allocate_ports(REGISTRY, DEFAULT_HOST, 0, -1)
         extra = ["--max-batch", str(args.max_batch), "--max-queue", str(args.max_queue),
                  "--max-in-flight", str(args.max_in_flight)]
-        stages = supervised_stages(models=args.models, data=args.data, host=DEFAULT_HOST, ports=ports,
+        stages = supervised_stages(REGISTRY, models=args.models, data=args.data, host=DEFAULT_HOST, ports=ports,
                                    metrics=metrics, device=args.device, threads=args.threads,
                                    workers=args.workers, extra=extra)
         supervisor = Supervisor(stages)
         supervisor.start()
-        target = supervisor.addresses()["gateway"]
+        target = supervisor.addresses()[REGISTRY.entry.name]
     try:
         pids = {} if supervisor is None else {s: supervisor.pid(s) for s in supervisor.addresses()}
         report = asyncio.run(_phases(args, target, pids))

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from recpipe.features.core import read_tables
     from recpipe.preprocess import PreprocessConfig, Preprocessor
     from recpipe.preprocess import nvtabular_engine as nvt
-    from recpipe.training.split import split_by_time
+    from recpipe.timesplit import split_by_time
 
     python = nvt.find_python(args.nvtabular_python)
     config = PreprocessConfig(args.max_vocab)

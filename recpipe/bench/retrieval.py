@@ -20,10 +20,9 @@ from recpipe.config import (
     DEFAULT_DATA_DIR,
     DEFAULT_MODELS_DIR,
     DEFAULT_NUM_CANDIDATES,
-    DEFAULT_RESCORE,
-    MAX_RESCORE,
 )
 from recpipe.errors import UsageError
+from recpipe.retrieval.spec import RetrievalOptions
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,15 +34,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="auto|cpu|cuda")
     parser.add_argument("--threads", type=int, default=1, help="torch and FAISS threads (0 = library default)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--rescore", type=int, default=DEFAULT_RESCORE,
-                        help="half-precision search: re-score the top N x k in fp32 (default %(default)s)")
+    RetrievalOptions.add_arguments(parser, only=("rescore",))
 
 
 def run(args: argparse.Namespace) -> int:
     if args.k < 1 or args.queries < 1 or args.warmup < 0 or args.threads < 0:
         raise UsageError("--k and --queries must be >= 1, --warmup and --threads >= 0")
-    if not 0 <= args.rescore <= MAX_RESCORE:
-        raise UsageError(f"--rescore must be in 0..{MAX_RESCORE}, got {args.rescore}")
+    RetrievalOptions(rescore=args.rescore)  # its own check (UsageError)
     for path, what in ((args.models, "--models"), (args.data, "--data")):
         if not Path(path).is_dir():
             raise UsageError(f"{what} {path}: no such directory")

@@ -78,10 +78,11 @@ def _serve_and_measure(args: argparse.Namespace, data: Path, models: Path) -> in
     from recpipe.querygen.workload import fixed_candidates
     from recpipe.serving.launch import allocate_ports, supervised_stages
     from recpipe.serving.supervisor import Supervisor
+    from recpipe.stages import REGISTRY
 
     host = DEFAULT_HOST
-    ports, metrics = allocate_ports(host, 0, -1)
-    stages = supervised_stages(models=models, data=data, host=host, ports=ports, metrics=metrics,
+    ports, metrics = allocate_ports(REGISTRY, host, 0, -1)
+    stages = supervised_stages(REGISTRY, models=models, data=data, host=host, ports=ports, metrics=metrics,
                                device=args.device, threads=args.threads, log_level=args.log_level)
     _step("serve: starting features, retrieval, ranking, gateway (one process each)")
     supervisor = Supervisor(stages)
@@ -89,7 +90,7 @@ def _serve_and_measure(args: argparse.Namespace, data: Path, models: Path) -> in
     try:
         for spec in stages:
             print(f"   {spec.name:<10} {spec.address}  pid {supervisor.pid(spec.name)}", file=sys.stderr)
-        gateway = supervisor.addresses()["gateway"]
+        gateway = supervisor.addresses()[REGISTRY.entry.name]
         k = args.num_candidates or DEFAULT_NUM_CANDIDATES
         config = QuerygenConfig(target=gateway, mode="sequential", candidates=fixed_candidates(k),
                                 queries=args.queries, warmup=WARMUP_S,

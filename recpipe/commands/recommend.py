@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from recpipe.config import DEFAULT_HOST, DEFAULT_PORTS, STAGES, TOTAL_STAGE
+from recpipe.config import DEFAULT_HOST, DEFAULT_PORT, STEPS, TOTAL_STEP
 from recpipe.errors import UsageError
 
 
@@ -13,7 +13,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--user-id", type=int, required=True)
     parser.add_argument("--num-candidates", type=int, default=0, help="candidates to retrieve (0 = 500)")
     parser.add_argument("--num-results", type=int, default=0, help="items to return (0 = 10)")
-    parser.add_argument("--target", default=f"{DEFAULT_HOST}:{DEFAULT_PORTS['gateway']}", help="gateway host:port")
+    parser.add_argument("--target", default=f"{DEFAULT_HOST}:{DEFAULT_PORT}", help="gateway host:port")
     parser.add_argument("--timeout", type=float, default=10.0, help="deadline in seconds")
 
 
@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     split = any(int(getattr(t, "batch_size", 0)) for t in rec.timings)
     extra = f"{'queue ms':>10}{'compute ms':>12}{'batch':>7}" if split else ""
     print(f"{'stage':<14}{'server ms':>11}{'observed ms':>13}{extra}")
-    for stage in (*STAGES, TOTAL_STAGE):
+    for stage in (*STEPS, TOTAL_STEP):
         try:
             t = rec.timing(stage)
         except KeyError:

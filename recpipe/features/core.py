@@ -126,7 +126,7 @@ class FeatureCore:
         """
         from recpipe.datagen.manifest import verify as verify_dataset
         from recpipe.repository import Repository
-        from recpipe.training.split import split_by_time
+        from recpipe.timesplit import split_by_time
 
         if threads is not None and threads != pl.thread_pool_size():
             log.warning("Polars uses %d threads (set POLARS_MAX_THREADS=%d before start-up to change it)",

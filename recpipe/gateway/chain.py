@@ -11,7 +11,6 @@ the two side by side. Every hop gets the time left until the caller's deadline; 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 import numpy as np
@@ -20,37 +19,18 @@ from recpipe.config import (
     DEFAULT_NUM_CANDIDATES,
     DEFAULT_NUM_RESULTS,
     MAX_NUM_CANDIDATES,
-    STAGES,
-    TOTAL_STAGE,
+    STEPS,
+    TOTAL_STEP,
 )
 from recpipe.errors import BadRequest, DeadlineExceeded
+from recpipe.types import Recommendation, StageResult, StageTiming
 
-T = TypeVar("T", covariant=True)
 U = TypeVar("U")
 I = TypeVar("I")  # noqa: E741 - U(ser) and I(tems), the two payloads
 U_co = TypeVar("U_co", covariant=True)
 I_co = TypeVar("I_co", covariant=True)
 U_contra = TypeVar("U_contra", contravariant=True)
 I_contra = TypeVar("I_contra", contravariant=True)
-
-
-@dataclass(frozen=True)
-class StageResult(Generic[T]):
-    """A stage's answer with the time the stage spent on it and the model version it used.
-
-    ``queue_us``/``compute_us``/``batch_size``: the part of ``server_us`` spent queued in the stage's
-    batcher, the core call it ran in, and how many requests shared that call.
-    """
-
-    value: T
-    server_us: int
-    model_version: str = ""
-    queue_us: int = 0
-    compute_us: int = 0
-    batch_size: int = 0
-
-    def timing(self, stage: str, observed_us: int) -> StageTiming:
-        return StageTiming(stage, self.server_us, observed_us, self.queue_us, self.compute_us, self.batch_size)
 
 
 # The user's and the items' features are opaque to the chain: it hands what the feature client
@@ -75,35 +55,6 @@ class RankingClient(Protocol[U_contra, I_contra]):
     async def rank(self, user: U_contra, items: I_contra, timeout: float | None) -> StageResult[np.ndarray]:
         """(k,) float32 scores in the order of ``items``."""
         ...
-
-
-@dataclass(frozen=True)
-class StageTiming:
-    """Per stage: server_us inside the stage, observed_us seen by the gateway, and the stage's split of
-    server_us into queue_us (batcher queue) and compute_us (core call of batch_size requests)."""
-
-    stage: str
-    server_us: int
-    observed_us: int
-    queue_us: int = 0
-    compute_us: int = 0
-    batch_size: int = 0
-
-
-@dataclass(frozen=True)
-class Recommendation:
-    """item_ids (n,) int64 distinct, scores (n,) float32 descending, one timing per stage + total."""
-
-    item_ids: np.ndarray
-    scores: np.ndarray
-    timings: tuple[StageTiming, ...]
-    model_version: str
-
-    def timing(self, stage: str) -> StageTiming:
-        for t in self.timings:
-            if t.stage == stage:
-                return t
-        raise KeyError(stage)
 
 
 class Chain(Generic[U, I]):
@@ -143,34 +94,30 @@ class Chain(Generic[U, I]):
         timings: list[StageTiming] = []
 
         t0 = time.perf_counter_ns()
-        user = await self.features.augment_user(user_id, _remaining(deadline, STAGES[0]))
+        user = await self.features.augment_user(user_id, _remaining(deadline, STEPS[0]))
         t1 = time.perf_counter_ns()
-        timings.append(user.timing(STAGES[0], (t1 - t0) // 1000))
+        timings.append(user.timing(STEPS[0], (t1 - t0) // 1000))
 
-        found = await self.retrieval.retrieve(user.value, k, _remaining(deadline, STAGES[1]))
+        found = await self.retrieval.retrieve(user.value, k, _remaining(deadline, STEPS[1]))
         t2 = time.perf_counter_ns()
-        timings.append(found.timing(STAGES[1], (t2 - t1) // 1000))
-        # FAISS pads with -1 when an approximate search finds fewer than k neighbours.
-        ids = found.value
-        if ids.size and ids.min() < 0:
-            ids = ids[ids >= 0]
+        timings.append(found.timing(STEPS[1], (t2 - t1) // 1000))
+        ids = found.value  # distinct, valid ids: the retrieval core never pads (``Candidates``)
         if ids.size == 0:
-            raise RuntimeError(f"retrieval returned no valid candidates for user {user_id}")
+            raise RuntimeError(f"retrieval returned no candidates for user {user_id}")
 
-        t2 = time.perf_counter_ns()
-        items = await self.features.augment_items(user_id, ids, _remaining(deadline, STAGES[2]))
+        items = await self.features.augment_items(user_id, ids, _remaining(deadline, STEPS[2]))
         t3 = time.perf_counter_ns()
-        timings.append(items.timing(STAGES[2], (t3 - t2) // 1000))
+        timings.append(items.timing(STEPS[2], (t3 - t2) // 1000))
 
-        ranked = await self.ranking.rank(user.value, items.value, _remaining(deadline, STAGES[3]))
+        ranked = await self.ranking.rank(user.value, items.value, _remaining(deadline, STEPS[3]))
         t4 = time.perf_counter_ns()
-        timings.append(ranked.timing(STAGES[3], (t4 - t3) // 1000))
+        timings.append(ranked.timing(STEPS[3], (t4 - t3) // 1000))
 
         top_ids, top_scores = top_n(ids, ranked.value, n)
         if ranked.model_version:
             self.model_version = ranked.model_version
         total = (time.perf_counter_ns() - start) // 1000
-        timings.append(StageTiming(TOTAL_STAGE, total, total))
+        timings.append(StageTiming(TOTAL_STEP, total, total))
         return Recommendation(top_ids, top_scores, tuple(timings), self.model_version)
 
 

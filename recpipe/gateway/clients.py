@@ -18,9 +18,9 @@ from grpc import aio
 
 from recpipe import codec
 from recpipe.errors import ArtifactMismatch, RecpipeError
-from recpipe.gateway.chain import StageResult
 from recpipe.serving.channels import make_channel
 from recpipe.serving.status import error_for
+from recpipe.types import StageResult
 from recpipe.v1 import (
     features_pb2,
     features_pb2_grpc,

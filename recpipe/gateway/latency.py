@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from recpipe.config import STAGES, TOTAL_STAGE
-from recpipe.gateway.chain import Recommendation
+from recpipe.config import STEPS, TOTAL_STEP
+from recpipe.types import Recommendation
 
 PERCENTILES = (50, 90, 99)
 
@@ -38,8 +38,8 @@ class Summary:
 
 def stage_summaries(recs: Iterable[Recommendation]) -> dict[str, tuple[Summary, Summary]]:
     """stage (the four stages and total) -> (server summary, observed summary)."""
-    server: dict[str, list[int]] = {s: [] for s in (*STAGES, TOTAL_STAGE)}
-    observed: dict[str, list[int]] = {s: [] for s in (*STAGES, TOTAL_STAGE)}
+    server: dict[str, list[int]] = {s: [] for s in (*STEPS, TOTAL_STEP)}
+    observed: dict[str, list[int]] = {s: [] for s in (*STEPS, TOTAL_STEP)}
     for rec in recs:
         for t in rec.timings:
             if t.stage in server:

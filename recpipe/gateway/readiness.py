@@ -1,10 +1,10 @@
 """The gateway's health is the chain's readiness: SERVING only while every stage it calls is SERVING.
 
 ``ChainReadiness.run`` asks each stage's gRPC health service (``Check``, service "") over the very
-channel the chain calls it on, every ``interval_s`` (``not_ready_interval_s`` while the chain is not
+channel the chain calls it on, every ``INTERVAL_S`` (``NOT_READY_INTERVAL_S`` while the chain is not
 ready, so it turns SERVING promptly once the stages have loaded), and reports a change whenever the
 answer for the chain as a whole changes. A stage that answers anything but SERVING, that does not
-answer within ``timeout_s``, or that cannot be reached, makes the chain not ready. Asking over the
+answer within ``TIMEOUT_S``, or that cannot be reached, makes the chain not ready. Asking over the
 chain's own channels means SERVING also proves those channels are connected: the first Recommend after
 SERVING does not meet a channel still backing off from an earlier failed connect.
 
@@ -36,18 +36,8 @@ Report = Callable[[bool], Awaitable[None]]
 class ChainReadiness:
     """Follows the health of the stages behind ``channels`` (stage name -> the chain's channel)."""
 
-    def __init__(
-        self,
-        channels: Mapping[str, aio.Channel],
-        *,
-        interval_s: float = INTERVAL_S,
-        not_ready_interval_s: float = NOT_READY_INTERVAL_S,
-        timeout_s: float = TIMEOUT_S,
-    ) -> None:
+    def __init__(self, channels: Mapping[str, aio.Channel]) -> None:
         self._stubs = {name: health_pb2_grpc.HealthStub(channel) for name, channel in channels.items()}
-        self.interval_s = interval_s
-        self.not_ready_interval_s = not_ready_interval_s
-        self.timeout_s = timeout_s
         #: stage -> "SERVING", or why not ("NOT_SERVING", "UNAVAILABLE: ...", "no answer in 1.0s").
         self.status: dict[str, str] = {name: "UNKNOWN" for name in channels}
         self.ready = False
@@ -56,7 +46,7 @@ class ChainReadiness:
         """Check the stages until cancelled; ``report(ready)`` on every change (not ready at first)."""
         while True:
             await self.check_once(report)
-            await asyncio.sleep(self.interval_s if self.ready else self.not_ready_interval_s)
+            await asyncio.sleep(INTERVAL_S if self.ready else NOT_READY_INTERVAL_S)
 
     async def check_once(self, report: Report) -> bool:
         """One round of health checks over every stage; returns whether the chain is ready."""
@@ -80,9 +70,9 @@ class ChainReadiness:
 
     async def _status(self, name: str) -> str:
         try:
-            reply = await self._stubs[name].Check(health_pb2.HealthCheckRequest(service=""), timeout=self.timeout_s)
+            reply = await self._stubs[name].Check(health_pb2.HealthCheckRequest(service=""), timeout=TIMEOUT_S)
         except aio.AioRpcError as e:
             if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                return f"no answer in {self.timeout_s:g}s"
+                return f"no answer in {TIMEOUT_S:g}s"
             return f"{e.code().name} ({(e.details() or '')[:120]})"
         return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))

@@ -10,7 +10,7 @@ from recpipe.gateway.admission import Admission
 from recpipe.gateway.chain import Chain
 from recpipe.gateway.clients import GrpcFeatureClient, GrpcRankingClient, GrpcRetrievalClient
 from recpipe.gateway.readiness import ChainReadiness
-from recpipe.serving.config import DEFAULT_MAX_IN_FLIGHT
+from recpipe.gateway.spec import SPEC, GatewayOptions
 from recpipe.serving.stage import ReadinessWatch, Stage, StageInfo, check_deadline
 from recpipe.v1 import recommend_pb2, recommend_pb2_grpc
 
@@ -18,12 +18,13 @@ SERVICE_NAME = recommend_pb2.DESCRIPTOR.services_by_name["RecommendService"].ful
 
 
 class GatewayStage(Stage):
-    name = "gateway"
+    name = SPEC.name
     service_names = (SERVICE_NAME,)
 
-    def __init__(self, features: str, retrieval: str, ranking: str, *, max_in_flight: int = DEFAULT_MAX_IN_FLIGHT) -> None:
-        self.targets = {"features": features, "retrieval": retrieval, "ranking": ranking}
-        self.admission = Admission(max_in_flight)
+    def __init__(self, features: str, retrieval: str, ranking: str, options: GatewayOptions | None = None) -> None:
+        """The gateway over the stages at these gRPC targets (``SPEC.upstream``, in that order)."""
+        self.targets = dict(zip(SPEC.upstream, (features, retrieval, ranking), strict=True))
+        self.admission = Admission((options or GatewayOptions()).max_in_flight)
         self.chain: Chain | None = None
         self._clients: tuple[GrpcFeatureClient, GrpcRetrievalClient, GrpcRankingClient] | None = None
 
@@ -45,9 +46,8 @@ class GatewayStage(Stage):
         """The gateway is SERVING only while every stage it calls is (``recpipe.gateway.readiness``)."""
         if self._clients is None:
             return None
-        features, retrieval, ranking = self._clients
-        return ChainReadiness({"features": features.channel, "retrieval": retrieval.channel,
-                               "ranking": ranking.channel}).run
+        channels = tuple(client.channel for client in self._clients)
+        return ChainReadiness(dict(zip(SPEC.upstream, channels, strict=True))).run
 
     def info(self) -> StageInfo:
         version = self.chain.model_version if self.chain is not None else ""

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from recpipe.config import STAGES
+from recpipe.config import STEPS
 
-ROWS: tuple[str, ...] = (*STAGES, "end_to_end")
+ROWS: tuple[str, ...] = (*STEPS, "end_to_end")
 
 
 #: what two runs must share for their latencies to be comparable: (label, how to read it from a run)
@@ -83,7 +83,7 @@ def verdict(label: str, base: dict[str, Any], run: dict[str, Any], key: str = "p
         head = f"{label} is {e2e:.2f}x faster end to end ({pct})"
     else:
         head = f"{label} is {1 / e2e:.2f}x slower end to end ({pct})"
-    parts = [f"{s} {_x(speedup(base['stages'][s][key], run['stages'][s][key]))}" for s in STAGES]
+    parts = [f"{s} {_x(speedup(base['stages'][s][key], run['stages'][s][key]))}" for s in STEPS]
     return head + "; " + "; ".join(parts)
 
 
@@ -159,13 +159,13 @@ def split_table(runs: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
     def reported(doc: dict[str, Any], stage: str) -> bool:
         return bool(((doc["stages"][stage].get("batch_size") or {}).get("count") or 0) > 0)
 
-    if not any(reported(doc, s) for _, doc in runs for s in STAGES):
+    if not any(reported(doc, s) for _, doc in runs for s in STEPS):
         return ["Queue/compute split: no run reports it (its stages send StageTiming.queue_us/compute_us = 0)."]
     labels = [label for label, _ in runs]
     out = ["Server time split by each stage's batcher (p50, ms; batch = mean requests per core call):", "",
            "| stage | " + " | ".join(f"{lb} queue p50 | {lb} compute p50 | {lb} batch" for lb in labels) + " |",
            "|---" * (1 + 3 * len(runs)) + "|"]
-    for stage in STAGES:
+    for stage in STEPS:
         cells = []
         for _, doc in runs:
             if reported(doc, stage):

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 from recpipe.errors import UsageError
+from recpipe.gateway.spec import UPSTREAM
 from recpipe.querygen.workload import ArrivalIntervals, CandidateSpec, UserSpec
 
 MODES = ("sequential", "open", "closed")
@@ -107,9 +108,7 @@ class QuerygenConfig:
     @property
     def stage_targets(self) -> dict[str, str]:
         """features / retrieval / ranking addresses for --per-component (each defaults to --target)."""
-        return {"features": self.features or self.target or "",
-                "retrieval": self.retrieval or self.target or "",
-                "ranking": self.ranking or self.target or ""}
+        return {name: getattr(self, name) or self.target or "" for name in UPSTREAM}
 
     @property
     def measured_duration(self) -> float | None:

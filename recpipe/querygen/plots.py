@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from recpipe.config import STAGES
+from recpipe.config import STEPS
 from recpipe.querygen.output import write_atomic
 from recpipe.querygen.table import min_samples, supported
 
@@ -170,7 +170,7 @@ def stage_bars_figure(runs: Labelled) -> Any:
             ok = supported(p, n)
             alpha = 1.0 if ok else 0.35
             bottom = 0.0
-            for stage in STAGES:
+            for stage in STEPS:
                 v = doc["stages"][stage][key] / 1000
                 ax.bar(x, v, bottom=bottom, color=_COLORS[stage], width=0.8, alpha=alpha,
                        label=once(stage))

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from recpipe.config import STAGES, TOTAL_STAGE
+from recpipe.config import STEPS, TOTAL_STEP
 from recpipe.querygen.histogram import LatencyHistogram
 
 #: a query sent later than this after its scheduled instant counts as sent late (perf_analyzer reports
@@ -89,7 +89,7 @@ class Recorder:
         stages = {s: StageHistograms(hist(self.observed_us.get(s, [])), hist(self.server_us.get(s, [])),
                                      hist(self.queue_us.get(s, [])), hist(self.compute_us.get(s, [])),
                                      list(self.batch_sizes.get(s, [])))
-                  for s in (*STAGES, TOTAL_STAGE)}
+                  for s in (*STEPS, TOTAL_STEP)}
         return Measurement(
             end_to_end=hist(self.e2e_us),
             send_lag=hist([max(v, 0.0) for v in self.lag_us]),

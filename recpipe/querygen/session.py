@@ -11,8 +11,9 @@ from typing import Any, TextIO
 import grpc.aio
 
 from recpipe import __version__
-from recpipe.config import STAGES, TOTAL_STAGE
+from recpipe.config import STEPS, TOTAL_STEP
 from recpipe.errors import UsageError
+from recpipe.gateway.spec import STEP_STAGES, UPSTREAM
 from recpipe.querygen import clients, loops, platform_info
 from recpipe.querygen.config import DEFAULT_NUM_USERS, STABLE_WINDOWS, QuerygenConfig
 from recpipe.querygen.output import FORMAT
@@ -20,6 +21,10 @@ from recpipe.querygen.progress import Progress
 from recpipe.querygen.recorder import Measurement, Recorder, merge
 from recpipe.querygen.slo import SloSearch, SloStep, find_max_rate
 from recpipe.querygen.workload import QueryStream, UserSpec, open_schedule
+from recpipe.stages import REGISTRY
+
+#: The stage clients talk to (the chain's entry).
+GATEWAY = REGISTRY.entry.name
 
 FORMAT_VERSION = 1
 #: GetInfo detail key giving the user-id range 0..n-1: read from the gateway, else from the features
@@ -39,7 +44,7 @@ def _now_utc() -> str:
 def _num_users(config: QuerygenConfig, pipeline: dict[str, Any]) -> tuple[int, str]:
     if config.num_users is not None:
         return config.num_users, "--num-users"
-    for name in ("gateway", "features"):
+    for name in (GATEWAY, STEP_STAGES["augment_user"]):
         info = pipeline.get(name) or {}
         value = (info.get("details") or {}).get(NUM_USERS_KEY)
         if value is not None:
@@ -67,11 +72,11 @@ def achieved_rate(m: Measurement, measure_from: float, planned_s: float | None) 
 def summarise(m: Measurement) -> dict[str, Any]:
     """The latency part of a run: end_to_end (+ CDF), stages (observed + server), send lag, errors."""
     stages = {}
-    for stage in STAGES:
+    for stage in STEPS:
         h = m.stages[stage]
         stages[stage] = {**h.observed.summary(), "server": h.server.summary(), "queue": h.queue.summary(),
                          "compute": h.compute.summary(), "batch_size": h.batch_summary()}
-    total = m.stages[TOTAL_STAGE]
+    total = m.stages[TOTAL_STEP]
     lag = m.send_lag.summary()
     lag["late_over_1ms"] = m.late_sends
     lag["late_share"] = round(m.late_sends / lag["count"], 6) if lag["count"] else 0.0
@@ -104,7 +109,7 @@ class Session:
         cfg = self.config
         targets: dict[str, str] = {}
         if cfg.target:
-            targets["gateway"] = cfg.target
+            targets[GATEWAY] = cfg.target
         if cfg.per_component:
             targets.update(cfg.stage_targets)
         chans: dict[str, grpc.aio.Channel] = {}
@@ -123,16 +128,17 @@ class Session:
         users = UserSpec(cfg.users, self.num_users[0], cfg.zipf_exponent)
         queries = QueryStream(users, cfg.candidates, cfg.seed)
         if cfg.per_component:
-            self.send = clients.component_send(chans["features"], chans["retrieval"], chans["ranking"],
+            features, retrieval, ranking = (chans[name] for name in UPSTREAM)
+            self.send = clients.component_send(features, retrieval, ranking,
                                                queries, cfg.num_results, cfg.timeout, targets=targets)
         else:
-            self.send = clients.gateway_send(chans["gateway"], queries, cfg.num_results, cfg.timeout)
+            self.send = clients.gateway_send(chans[GATEWAY], queries, cfg.num_results, cfg.timeout)
 
     async def _probe_stages(self) -> None:
         """Record the stages behind the gateway (device, model version, num_users) when the gateway's
         GetInfo details name their addresses and they are reachable from here; silently skip if not
         (e.g. container-internal names)."""
-        details = (self.pipeline.get("gateway") or {}).get("details") or {}
+        details = (self.pipeline.get(GATEWAY) or {}).get("details") or {}
 
         async def probe(name: str, target: str) -> None:
             try:
@@ -146,7 +152,7 @@ class Session:
             if info is not None:
                 self.pipeline[name] = {"target": target, **info}
 
-        await asyncio.gather(*(probe(name, details[name]) for name in ("features", "retrieval", "ranking")
+        await asyncio.gather(*(probe(name, details[name]) for name in UPSTREAM
                                if details.get(name) and name not in self.pipeline))
 
     async def refresh_info(self) -> None:

@@ -11,7 +11,8 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from recpipe.config import STAGES
+from recpipe.config import STEPS
+from recpipe.stages import REGISTRY
 
 #: the percentile columns of the table: (label, JSON key, percentile)
 COLUMNS: tuple[tuple[str, str, float], ...] = (
@@ -20,10 +21,6 @@ COLUMNS: tuple[tuple[str, str, float], ...] = (
     ("p99", "p99_us", 99.0),
     ("p99.9", "p999_us", 99.9),
 )
-#: which server process answers each timed stage
-STAGE_SERVER = {"augment_user": "features", "retrieve": "retrieval", "augment_items": "features",
-                "rank": "ranking"}
-SERVERS = ("features", "retrieval", "ranking", "gateway")
 
 LEGEND = (
     "server = time inside the stage's own server; observed = time the gateway (or, --per-component, this "
@@ -57,7 +54,7 @@ def machine_line(platform: Mapping[str, Any] | None, pipeline: Mapping[str, Any]
     plat = platform or {}
     head = (f"machine: {plat.get('cpu', '?')}, {plat.get('cores', '?')} cores, GPU {plat.get('gpu', '?')}")
     parts = []
-    for name in SERVERS:
+    for name in REGISTRY.names:
         info = (pipeline or {}).get(name)
         if not isinstance(info, Mapping) or not info.get("device"):
             continue
@@ -98,7 +95,7 @@ def _cells(block: Mapping[str, Any], count: int) -> list[str]:
 
 
 def _split_reported(doc: Mapping[str, Any]) -> bool:
-    return any(((doc["stages"][s].get("batch_size") or {}).get("count") or 0) > 0 for s in STAGES)
+    return any(((doc["stages"][s].get("batch_size") or {}).get("count") or 0) > 0 for s in STEPS)
 
 
 def run_table(doc: Mapping[str, Any]) -> str:
@@ -108,7 +105,7 @@ def run_table(doc: Mapping[str, Any]) -> str:
               "batch (mean)"]
     table = _Table(header, 14)
     split = _split_reported(doc)
-    for stage in STAGES:
+    for stage in STEPS:
         s = doc["stages"][stage]
         table.add([stage, "observed", *_cells(s, int(s.get("count", 0))), _ms(s["mean_us"])])
         srv = s["server"]

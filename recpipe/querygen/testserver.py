@@ -29,7 +29,7 @@ import grpc.aio
 import numpy as np
 
 from recpipe import codec
-from recpipe.config import STAGES, TOTAL_STAGE
+from recpipe.config import STEPS, TOTAL_STEP
 from recpipe.errors import UsageError
 from recpipe.querygen import loops
 from recpipe.v1 import (
@@ -74,9 +74,9 @@ class TestServerConfig:
     alternate_every: int = 0
 
     def __post_init__(self) -> None:
-        unknown = (set(self.delays) | set(self.queue_delays)) - set(STAGES)
+        unknown = (set(self.delays) | set(self.queue_delays)) - set(STEPS)
         if unknown:
-            raise UsageError(f"unknown stage(s) {sorted(unknown)}; stages are {', '.join(STAGES)}")
+            raise UsageError(f"unknown stage(s) {sorted(unknown)}; stages are {', '.join(STEPS)}")
         if any(d < 0 for d in (*self.delays.values(), *self.queue_delays.values())):
             raise UsageError("stage delays must be >= 0")
 
@@ -127,7 +127,7 @@ class _Servicer(
         factor = SLOW_FACTOR if every and (self._calls // every) % 2 else 1.0
         self._calls += 1
         async with self._lock or contextlib.nullcontext():
-            for stage in STAGES:
+            for stage in STEPS:
                 us, queue_us, compute_us = await self._timed(stage, factor)
                 # In-process stages: no network hop, so what the "gateway" observes is the server time.
                 timings.append(recommend_pb2.StageTiming(stage=stage, server_us=us, observed_us=us,
@@ -136,7 +136,7 @@ class _Servicer(
         k = request.num_candidates or 500
         n = min(request.num_results or 10, k)
         total = int((time.perf_counter() - t0) * 1e6)
-        timings.append(recommend_pb2.StageTiming(stage=TOTAL_STAGE, server_us=total, observed_us=total))
+        timings.append(recommend_pb2.StageTiming(stage=TOTAL_STEP, server_us=total, observed_us=total))
         return recommend_pb2.RecommendResponse(
             item_ids=list(range(n)), scores=[1.0 / (j + 1) for j in range(n)], timings=timings,
             model_version="testserver")

@@ -13,13 +13,14 @@ import numpy as np
 import torch
 
 from recpipe import device as devices
-from recpipe.config import DEFAULT_NUM_CANDIDATES, EMBEDDING_PLACEMENTS
+from recpipe.config import DEFAULT_NUM_CANDIDATES
 from recpipe.cuda_graphs import mode_for
 from recpipe.errors import ArtifactMismatch, UsageError
 from recpipe.ranking import artifacts
 from recpipe.ranking.contract import RankingLimits, RankQuery
 from recpipe.ranking.model import SparseArch
 from recpipe.ranking.predictor import Predictor
+from recpipe.ranking.spec import RankingOptions
 from recpipe.repository import Repository
 from recpipe.transfer import host_mapped
 from recpipe.types import ItemFeatures, UserFeatures
@@ -34,8 +35,7 @@ class RankingCore:
     def __init__(self, repo: Repository, dev: torch.device, *, cuda_graphs: bool = True,
                  embeddings: str = "device", graphs: str | None = None) -> None:
         """``graphs`` overrides the mode ``cuda_graphs`` picks (``padded`` runs the CPU twin of graphs)."""
-        if embeddings not in EMBEDDING_PLACEMENTS:
-            raise UsageError(f"--embeddings must be device or host, got {embeddings!r}")
+        RankingOptions(cuda_graphs, embeddings)  # the options' own checks (UsageError)
         if embeddings == "host" and dev.type != "cuda":
             raise UsageError(f"--embeddings host needs a CUDA device, the ranking device is {dev}")
         shapes = repo.section("shapes")

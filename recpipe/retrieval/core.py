@@ -24,14 +24,15 @@ import numpy as np
 import torch
 
 from recpipe import device as devices
-from recpipe.config import DEFAULT_NUM_CANDIDATES, DEFAULT_RESCORE, MAX_RESCORE, RETRIEVAL_PRECISIONS
+from recpipe.config import DEFAULT_NUM_CANDIDATES
 from recpipe.cuda_graphs import GraphRunner, bucket, mode_for
-from recpipe.errors import ArtifactMismatch, UsageError
+from recpipe.errors import ArtifactMismatch
 from recpipe.finite import degenerate
 from recpipe.repository import Repository
 from recpipe.retrieval import artifacts
 from recpipe.retrieval import index as faiss_index
 from recpipe.retrieval.contract import RetrievalLimits, RetrieveQuery
+from recpipe.retrieval.spec import DEFAULT_RESCORE, RetrievalOptions
 from recpipe.transfer import DeviceIO
 from recpipe.types import Candidates, UserFeatures
 
@@ -46,11 +47,7 @@ class RetrievalCore:
     def __init__(self, repo: Repository, dev: torch.device, *, cuda_graphs: bool = True, precision: str = "auto",
                  rescore: int = DEFAULT_RESCORE, graphs: str | None = None) -> None:
         """``graphs`` overrides the mode ``cuda_graphs`` picks (``padded`` runs the CPU twin of graphs)."""
-        if precision not in RETRIEVAL_PRECISIONS:
-            raise UsageError(f"--retrieval-precision must be one of {', '.join(RETRIEVAL_PRECISIONS)}, "
-                             f"got {precision!r}")
-        if not 0 <= rescore <= MAX_RESCORE:
-            raise UsageError(f"--rescore must be in 0..{MAX_RESCORE}, got {rescore}")
+        RetrievalOptions(cuda_graphs, precision, rescore)  # the options' own checks (UsageError)
         if precision == "auto":
             precision = "fp16" if dev.type == "cuda" else "fp32"
         shapes = repo.section("shapes")

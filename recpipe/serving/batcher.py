@@ -35,6 +35,7 @@ from typing import Generic, TypeVar
 
 from recpipe.errors import DeadlineExceeded, Overloaded, StageUnavailable, UsageError
 from recpipe.serving import nvtx
+from recpipe.serving.options import StageOptions, option
 
 Q = TypeVar("Q")
 R = TypeVar("R")
@@ -48,7 +49,7 @@ GPU_MAX_BATCH = 32
 
 
 @dataclass(frozen=True)
-class BatchConfig:
+class BatchConfig(StageOptions):
     """The batcher's knobs (``recpipe serve --max-batch/--max-queue-delay-us/--max-queue``).
 
     ``max_batch`` requests at most per core call; ``max_queue_delay_us`` how long the first queued
@@ -59,9 +60,14 @@ class BatchConfig:
     its first requests wait for the last (measured in BENCHMARKS.md); on a GPU it costs about one.
     """
 
-    max_batch: int = 0
-    max_queue_delay_us: int = 0
-    max_queue: int = 256
+    group = "dynamic batching and admission (retrieval, ranking, AugmentItems)"
+
+    max_batch: int = option(0, help="requests per core call at most (1 = batching off; default 0 = auto: 32 where "
+                                    "the stage computes on a GPU, 1 on a CPU, where a batch only adds waiting)")
+    max_queue_delay_us: int = option(0, help="how long the first queued request may wait for others, in µs "
+                                             "(0 = take what is queued; default 0)")
+    max_queue: int = option(256, help="requests waiting per stage method at most; more are refused with "
+                                      "RESOURCE_EXHAUSTED (default 256)")
 
     def __post_init__(self) -> None:
         if self.max_batch < 0:
@@ -108,10 +114,13 @@ class Batcher(Generic[Q, R]):
     """
 
     def __init__(self, stage: str, fn: Callable[[Sequence[Q]], Sequence[R | BaseException]],
-                 config: BatchConfig | None = None, *, threaded: bool = True) -> None:
+                 config: BatchConfig, *, device: str = "cpu", threaded: bool = True) -> None:
         self.stage = stage
         self.fn = fn
-        self.config = config or BatchConfig(GPU_MAX_BATCH)
+        #: The knobs with "auto" resolved for ``device``, once: ``max_batch`` is >= 1 from here on (the
+        #: caller's ``config`` is left as it was).
+        self.config = config.for_device(device)
+        assert self.config.max_batch >= 1
         self._nvtx_queue, self._nvtx_compute = (f"{nvtx.step_prefix(stage)}.{step}" for step in ("queue", "compute"))
         self._queue: deque[_Pending[Q, R]] = deque()
         self._wake: asyncio.Event | None = None
@@ -125,7 +134,6 @@ class Batcher(Generic[Q, R]):
         #: refusing requests the idle stage could serve.
         self.request_s = 0.0
         self.batches = 0
-        self.requests = 0
 
     @property
     def queued(self) -> int:
@@ -219,7 +227,6 @@ class Batcher(Generic[Q, R]):
             per_request = (end - start) / 1e9 / len(batch)
             self.request_s = per_request if self.batches == 0 else (1 - _EWMA) * self.request_s + _EWMA * per_request
             self.batches += 1
-            self.requests += len(batch)
             for p, answer in zip(batch, answers, strict=True):
                 if p.future.done():  # cancelled while computing
                     continue

@@ -1,8 +1,9 @@
-"""Launching the stages as processes: ports, and the command line of each supervised stage.
+"""Launching a registry's stages as processes: ports, and the command line of each supervised stage.
 
-``recpipe serve --stage all``, ``recpipe demo`` and ``recpipe bench chain`` start the chain this way:
-one ``python -m recpipe serve --stage NAME`` process per stage, each with explicit ports, so a
-restarted stage comes back where the gateway expects it.
+``recpipe serve --stage all``, ``recpipe demo`` and the benches that start a chain do it this way: one
+``python -m recpipe serve --stage NAME`` process per stage, each with explicit ports, so a restarted
+stage comes back where the stages calling it expect it. The ports follow each spec's ``port_offset``
+from the entry stage's base port; a stage's upstream targets are the ports of the stages it calls.
 """
 
 from __future__ import annotations
@@ -12,13 +13,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from recpipe.serving.config import METRICS_PORT_OFFSET
+from recpipe.serving.spec import Registry
 from recpipe.serving.supervisor import StageProcess, free_port
-
-#: --stage all: the order stage ports follow the gateway's.
-PORT_ORDER = ("gateway", "features", "retrieval", "ranking")
 
 
 def metrics_port(flag: int | None, grpc_port: int, offset: int) -> int | None:
+    """A stage's metrics port: gRPC port + 1000 by default (0 when the gRPC port is free-picked), the
+    flag's value + the stage's port offset, 0 for a free port, None (off) for a negative flag."""
     if flag is None:
         return grpc_port + METRICS_PORT_OFFSET if grpc_port else 0
     if flag < 0:
@@ -26,13 +27,14 @@ def metrics_port(flag: int | None, grpc_port: int, offset: int) -> int | None:
     return flag + offset if flag else 0
 
 
-def allocate_ports(host: str, base: int, metrics_flag: int | None) -> tuple[dict[str, int], dict[str, int | None]]:
-    """gRPC and metrics ports per stage for --stage all: gateway ``base``, the others the next three;
-    ``base`` 0 picks free ports. Metrics: gRPC port + 1000, or from ``metrics_flag`` (0 free, -1 off)."""
-    ports = {s: (base + i if base else free_port(host)) for i, s in enumerate(PORT_ORDER)}
+def allocate_ports(registry: Registry, host: str, base: int,
+                   metrics_flag: int | None) -> tuple[dict[str, int], dict[str, int | None]]:
+    """gRPC and metrics ports per stage: ``base`` + each stage's offset; ``base`` 0 picks free ports.
+    Metrics: gRPC port + 1000, or from ``metrics_flag`` (0 free, -1 off)."""
+    ports = {s.name: (base + s.port_offset if base else free_port(host)) for s in registry}
     if metrics_flag == 0 or (metrics_flag is None and not base):
-        return ports, {s: free_port(host) for s in PORT_ORDER}
-    return ports, {s: metrics_port(metrics_flag, ports[s], i) for i, s in enumerate(PORT_ORDER)}
+        return ports, {s.name: free_port(host) for s in registry}
+    return ports, {s.name: metrics_port(metrics_flag, ports[s.name], s.port_offset) for s in registry}
 
 
 def connect_host(host: str) -> str:
@@ -41,16 +43,17 @@ def connect_host(host: str) -> str:
 
 
 def supervised_stages(
-    *, models: Path, data: Path, host: str, ports: dict[str, int], metrics: dict[str, int | None],
-    device: str = "auto", threads: int = 0, workers: int = 0, grace: float = 5.0, log_level: str = "WARNING",
-    extra: Sequence[str] = (),
+    registry: Registry, *, models: Path, data: Path, host: str, ports: dict[str, int],
+    metrics: dict[str, int | None], device: str = "auto", threads: int = 0, workers: int = 0, grace: float = 5.0,
+    log_level: str = "WARNING", extra: Sequence[str] = (),
 ) -> list[StageProcess]:
-    """One ``StageProcess`` per stage: ``python -m recpipe serve --stage NAME`` with explicit ports, so
-    a restarted stage comes back where the gateway expects it. ``extra`` is appended to every stage's
-    arguments (the batching and admission flags)."""
+    """One ``StageProcess`` per stage, in the registry's order: ``python -m recpipe serve --stage NAME``
+    with explicit ports and its upstream targets. ``extra`` is appended to every stage's arguments (the
+    batching flags and the stages' own options)."""
     connect = connect_host(host)
-    specs = []
-    for name in ("features", "retrieval", "ranking", "gateway"):
+    processes = []
+    for spec in registry:
+        name = spec.name
         argv = [
             sys.executable, "-m", "recpipe", "--log-level", log_level, "serve", "--stage", name,
             "--models", str(models), "--data", str(data), "--host", host, "--port", str(ports[name]),
@@ -58,8 +61,7 @@ def supervised_stages(
             "--device", device, "--threads", str(threads), "--workers", str(workers), "--grace", str(grace),
             *extra,
         ]
-        if name == "gateway":
-            for s in ("features", "retrieval", "ranking"):
-                argv += [f"--{s}", f"{connect}:{ports[s]}"]
-        specs.append(StageProcess(name, f"{connect}:{ports[name]}", tuple(argv), metrics[name]))
-    return specs
+        for upstream in spec.upstream:
+            argv += [f"--{upstream}", f"{connect}:{ports[upstream]}"]
+        processes.append(StageProcess(name, f"{connect}:{ports[name]}", tuple(argv), metrics[name]))
+    return processes

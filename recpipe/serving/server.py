@@ -3,6 +3,13 @@
 ``build_server`` follows grpc's examples: it returns ``(server, port)`` with the port actually bound, so
 tests bind port 0. ``StageServer`` adds the life cycle: start (health NOT_SERVING) -> ``load()`` (heavy
 state; health SERVING) -> ``stop(grace)`` (health NOT_SERVING, refuse new RPCs, drain in-flight ones).
+``recpipe serve`` runs one ``StageServer`` per process (``recpipe.serving.runner``); ``ServerThread``
+runs any number inside the current process, on an event loop in a background thread, for tests,
+benchmarks and notebooks that want real gRPC servers (real sockets, real serialisation) without
+separate processes (the whole chain on one: ``recpipe.inprocess.start_chain``)::
+
+    with ServerThread() as st:
+        features = st.start(feature_stage)          # -> StageServer, loaded and SERVING
 """
 
 from __future__ import annotations
@@ -10,6 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
+from collections.abc import Coroutine
+from types import TracebackType
+from typing import Any, TypeVar
 
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -27,6 +38,8 @@ from recpipe.v1 import info_pb2_grpc
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 HEALTH_SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 
 SERVER_OPTIONS: tuple[tuple[str, object], ...] = (
@@ -40,10 +53,10 @@ SERVER_OPTIONS: tuple[tuple[str, object], ...] = (
 def build_server(
     stage: Stage,
     *,
-    host: str = DEFAULT_HOST,
-    port: int = 0,
-    health: HealthServicer | None = None,
-    metrics: ServerMetrics | None = None,
+    host: str,
+    port: int,
+    health: HealthServicer,
+    metrics: ServerMetrics,
 ) -> tuple[aio.Server, int]:
     """An unstarted server with ``stage``'s services, InfoService, health and reflection on host:port.
 
@@ -51,12 +64,12 @@ def build_server(
     address cannot be bound.
     """
     server = aio.server(
-        interceptors=[ServingInterceptor(metrics or ServerMetrics(stage.name))],
+        interceptors=[ServingInterceptor(metrics)],
         options=list(SERVER_OPTIONS),
     )
     stage.add_to_server(server)
     info_pb2_grpc.add_InfoServiceServicer_to_server(info.InfoServicer(stage.info), server)
-    health_pb2_grpc.add_HealthServicer_to_server(health or HealthServicer(), server)
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection(
         (*stage.service_names, info.SERVICE_NAME, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME), server
     )
@@ -146,3 +159,60 @@ class StageServer:
         await self.server.stop(grace)
         await self.stage.close()
         self.metrics.close()
+
+
+class ServerThread:
+    """An asyncio loop in a daemon thread hosting any number of ``StageServer``s."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="recpipe-servers", daemon=True)
+        self._thread.start()
+        self.servers: list[StageServer] = []
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run ``coro`` on the server loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def start(
+        self, stage: Stage, *, host: str = DEFAULT_HOST, port: int = 0, metrics_port: int | None = None,
+        load: bool = True,
+    ) -> StageServer:
+        """Start ``stage`` on host:port (0 = free port) and, unless ``load`` is false, load it."""
+
+        async def go() -> StageServer:
+            server = await StageServer.start(stage, host=host, port=port, metrics_port=metrics_port)
+            if load:
+                try:
+                    await server.load()
+                except BaseException:
+                    await server.stop(None)
+                    raise
+            return server
+
+        server = self.run(go())
+        self.servers.append(server)
+        return server
+
+    def stop(self, server: StageServer, grace: float | None = 1.0) -> None:
+        self.run(server.stop(grace))
+        if server in self.servers:
+            self.servers.remove(server)
+
+    def close(self, grace: float | None = 1.0) -> None:
+        """Stop every server and the loop."""
+        if not self.loop.is_running():
+            return
+        for server in list(reversed(self.servers)):
+            self.stop(server, grace)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+        self.loop.close()
+
+    def __enter__(self) -> ServerThread:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

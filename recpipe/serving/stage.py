@@ -12,13 +12,17 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
-
-from grpc import aio
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from recpipe.errors import DeadlineExceeded, StageUnavailable
+from recpipe.serving import nvtx
 from recpipe.serving import threads as thread_settings
-from recpipe.serving.batcher import BatchConfig, Batcher
+from recpipe.serving.batcher import BatchConfig, Batched, Batcher
+
+if TYPE_CHECKING:
+    from grpc import aio
+
+    from recpipe.serving.config import StageConfig
 
 T = TypeVar("T")
 C = TypeVar("C")
@@ -67,17 +71,45 @@ class Stage(abc.ABC):
         return None
 
 
-class CoreStage(Stage, Generic[C]):
-    """A stage serving one pure core: ``load`` builds the core from ``loader`` off the event loop.
+@dataclass(frozen=True)
+class Method(Generic[C, Q, R]):
+    """One RPC of a ``CoreStage``, as its servicer declares it; ``CoreStage.handle`` runs the steps.
 
-    Subclasses add the servicer methods and ``info``, and create their batchers in ``_start`` (once the
-    core exists) with ``_batcher``; ``thread_pool`` names the library whose thread count the stage
-    reports ("torch" or "polars"). ``workers`` 0 runs core calls inline on the event loop (the cheapest
-    hop); N > 0 runs the batched calls on the batcher's thread and the others on a pool of N threads, so
-    the loop keeps accepting and refusing requests while a core computes.
+    ``decode(core, request)``: the wire request decoded and checked into the contract's typed query
+    (``*Query.checked``), or ``BadRequest``. ``batch(core)``: the core's batch entry point (queries ->
+    answers, one per query), run through the stage's dynamic batcher; or ``single(core)``: a call on one
+    query, run directly (for calls too cheap to queue). ``encode(core, answer)``: the response message,
+    whose ``server_us``/``queue_us``/``compute_us``/``batch_size`` the template fills in. ``step`` names
+    the request's steps in NVTX ranges (``{step}.decode`` ...).
+    """
+
+    name: str
+    step: str
+    decode: Callable[[C, Any], Q]
+    encode: Callable[[C, R], Any]
+    batch: Callable[[C], Callable[[Sequence[Q]], Sequence[R | BaseException]]] | None = None
+    single: Callable[[C], Callable[[Q], R]] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.batch is None) == (self.single is None):
+            raise TypeError(f"{self.name}: give exactly one of batch and single")
+
+
+class CoreStage(Stage, Generic[C]):
+    """A stage serving one pure core, with the request template every stage shares.
+
+    ``load`` builds the core from ``loader`` off the event loop and starts a dynamic batcher for each
+    batched ``Method``. ``handle(method, request, context)`` is the template: deadline, readiness,
+    decode and check, submit to the batcher (or call the core), encode, timing. A servicer declares its
+    ``methods``, ``describe(core)`` for InfoService, and one line per RPC calling ``handle``.
+    ``thread_pool`` names the library whose thread count the stage reports ("torch" or "polars").
+    ``workers`` 0 runs unbatched core calls inline on the event loop (the cheapest hop); N > 0 runs
+    them on a pool of N threads and the batched calls on each batcher's thread, so the loop keeps
+    accepting and refusing requests while a core computes.
     """
 
     thread_pool: str = "torch"
+    methods: tuple[Method[C, Any, Any], ...] = ()
 
     def __init__(
         self, loader: Callable[[], C], *, workers: int = 0, threads: int = 0, batch: BatchConfig | None = None
@@ -86,35 +118,67 @@ class CoreStage(Stage, Generic[C]):
         self._core: C | None = None
         self._run = CoreRunner(workers)
         self._threads = threads
-        self.batch_config = batch or BatchConfig()
-        self._batchers: list[Batcher[Any, Any]] = []
+        self._batch_config = batch or BatchConfig()
+        self._batchers: dict[str, Batcher[Any, Any]] = {}
+
+    @classmethod
+    def over(cls, loader: Callable[[], C], cfg: StageConfig) -> CoreStage[C]:
+        """The stage over the core ``loader`` builds, with ``cfg``'s workers, threads and batching."""
+        return cls(loader, workers=cfg.workers, threads=cfg.threads, batch=cfg.batch)
 
     async def load(self) -> None:
         core = await asyncio.to_thread(self._loader)
-        self._start(core)
+        device = getattr(core, "device", "cpu")
+        for m in self.methods:
+            if m.batch is not None:
+                self._batchers[m.name] = Batcher(f"{self.name}.{m.name}", m.batch(core), self._batch_config,
+                                                 device=device, threaded=self._run.threaded)
         self._core = core
         self._threads = thread_settings.in_use(self.thread_pool) or self._threads
 
-    def _start(self, core: C) -> None:
-        """Create the batchers over the loaded ``core`` (none by default)."""
+    def describe(self, core: C) -> dict[str, str]:
+        """What InfoService reports of the loaded core besides device, version and threads."""
+        return {}
 
-    def _batcher(self, method: str, fn: Callable[[Sequence[Q]], Sequence[R | BaseException]],
-                 device: str = "cpu") -> Batcher[Q, R]:
-        """A batcher for ``method`` over ``fn``; ``device`` (the core's) resolves ``--max-batch 0``."""
-        self.batch_config = self.batch_config.for_device(device)
-        batcher: Batcher[Q, R] = Batcher(f"{self.name}.{method}", fn, self.batch_config,
-                                         threaded=self._run.threaded)
-        self._batchers.append(batcher)
-        return batcher
+    def info(self) -> StageInfo:
+        core = self._core
+        if core is None:
+            return StageInfo(self.name, threads=self._threads, details={"state": "loading"})
+        return StageInfo(self.name, getattr(core, "device", "cpu"), getattr(core, "model_version", ""),
+                         self._threads, {**self.describe(core), **self.batch_details()})
 
     def batch_details(self) -> dict[str, str]:
-        """The batching knobs, for InfoService."""
-        c = self.batch_config
+        """The batching knobs in force ("auto" resolved once the core is loaded), for InfoService."""
+        c = next(iter(self._batchers.values())).config if self._batchers else self._batch_config
         return {"max_batch": str(c.max_batch), "max_queue_delay_us": str(c.max_queue_delay_us),
                 "max_queue": str(c.max_queue)}
 
+    async def handle(self, method: Method[C, Q, R], request: Any, context: aio.ServicerContext) -> Any:
+        """The request template (see the class docstring)."""
+        start = time.perf_counter_ns()
+        deadline = check_deadline(context, self.name)
+        core = self._ready()
+        with nvtx.range(f"{method.step}.decode"):
+            query = method.decode(core, request)
+        batcher = self._batchers.get(method.name)
+        if batcher is not None:
+            done: Batched[R] = await batcher.submit(query, deadline)
+        else:
+            assert method.single is not None
+            computed = time.perf_counter_ns()
+            with nvtx.range(f"{method.step}.compute"):
+                value = await self._run(method.single(core), query)
+            done = Batched(value, 0, elapsed_us(computed), 1)
+        with nvtx.range(f"{method.step}.encode"):
+            response = method.encode(core, done.value)
+        response.queue_us = done.queue_us
+        response.compute_us = done.compute_us
+        response.batch_size = done.batch_size
+        response.server_us = elapsed_us(start)
+        return response
+
     async def close(self) -> None:
-        for batcher in self._batchers:
+        for batcher in self._batchers.values():
             await batcher.close()
         self._run.close()
 

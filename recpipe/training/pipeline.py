@@ -43,10 +43,10 @@ from recpipe.repository import (
 )
 from recpipe.retrieval import artifacts as retrieval_artifacts
 from recpipe.retrieval import index as faiss_index
+from recpipe.timesplit import split_by_time
 from recpipe.training import loops
 from recpipe.training.config import TrainConfig
 from recpipe.training.metrics import auc, recall_at_k
-from recpipe.training.split import split_by_time
 
 log = logging.getLogger(__name__)
 RECALL_K = 500

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 from toy_stages import ToyFeatureCore, ToyRankingCore, ToyRetrievalCore, ToyWorld
 
-from recpipe.config import STAGES, TOTAL_STAGE
+from recpipe.config import STEPS, TOTAL_STEP
 from recpipe.features.servicer import FeatureStage
 from recpipe.gateway.chain import top_n
 from recpipe.gateway.servicer import GatewayStage
 from recpipe.ranking.servicer import RankingStage
 from recpipe.retrieval.servicer import RetrievalStage
-from recpipe.serving.inprocess import ServerThread
+from recpipe.serving.server import ServerThread
 from recpipe.serving.supervisor import free_port
 from recpipe.v1 import recommend_pb2, recommend_pb2_grpc
 
@@ -78,10 +78,10 @@ def test_recommend_ranks_the_retrieved_candidates(toy_chain):
 def test_timings_cover_every_stage_and_total(toy_chain):
     reply = recommend(toy_chain["stub"], k=20, n=5)
     timings = {t.stage: t for t in reply.timings}
-    assert list(timings) == [*STAGES, TOTAL_STAGE]
-    for stage in STAGES:
+    assert list(timings) == [*STEPS, TOTAL_STEP]
+    for stage in STEPS:
         assert 0 < timings[stage].server_us <= timings[stage].observed_us
-    assert timings[TOTAL_STAGE].observed_us >= sum(timings[s].observed_us for s in STAGES)
+    assert timings[TOTAL_STEP].observed_us >= sum(timings[s].observed_us for s in STEPS)
 
 
 def test_defaults(toy_chain):

@@ -16,7 +16,7 @@ from recpipe.features.servicer import FeatureStage
 from recpipe.gateway.servicer import GatewayStage
 from recpipe.ranking.servicer import RankingStage
 from recpipe.retrieval.servicer import RetrievalStage
-from recpipe.serving.inprocess import ServerThread
+from recpipe.serving.server import ServerThread
 from recpipe.serving.supervisor import free_port, health_status
 
 

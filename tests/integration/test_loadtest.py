@@ -21,12 +21,12 @@ import grpc
 import pytest
 from locust_stats import final_stats
 
-from recpipe.config import STAGES, TOTAL_STAGE
+from recpipe.config import STEPS, TOTAL_STEP
 from recpipe.v1 import recommend_pb2, recommend_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[2]
 LOADTEST = ROOT / "loadtest"
-STAGE_ROWS = [f"stage:{s}" for s in STAGES]
+STAGE_ROWS = [f"stage:{s}" for s in STEPS]
 #: server_us the fake reports per stage: distinct, so a mixed-up row would show
 FAKE_SERVER_US = {"augment_user": 1_000, "retrieve": 3_000, "augment_items": 5_000, "rank": 7_000}
 FAKE_USERS = 37
@@ -51,7 +51,7 @@ class FakeGateway(recommend_pb2_grpc.RecommendServiceServicer):
                                          if s == "rank" else {}))
             for s, us in FAKE_SERVER_US.items()
         ]
-        timings.append(recommend_pb2.StageTiming(stage=TOTAL_STAGE, server_us=17_000, observed_us=17_000))
+        timings.append(recommend_pb2.StageTiming(stage=TOTAL_STEP, server_us=17_000, observed_us=17_000))
         n = request.num_results or 10
         return recommend_pb2.RecommendResponse(
             item_ids=list(range(n)), scores=[1.0 - i / n for i in range(n)], timings=timings, model_version="fake"
@@ -131,7 +131,7 @@ def test_every_stage_is_its_own_row_timed_by_server_us(tmp_path: Path, fake_port
     stats = read_stats(tmp_path)
     calls = int(stats["Recommend"]["Request Count"])
     assert calls > 0
-    for stage, name in zip(STAGES, STAGE_ROWS, strict=True):
+    for stage, name in zip(STEPS, STAGE_ROWS, strict=True):
         row = stats[name]
         assert row["Type"] == "stage_us"
         # one stage sample per successful call, and its time is the server_us the gateway reported, in

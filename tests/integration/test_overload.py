@@ -21,10 +21,11 @@ from toy_stages import ToyFeatureCore, ToyRankingCore, ToyRetrievalCore, ToyWorl
 
 from recpipe.features.servicer import FeatureStage
 from recpipe.gateway.servicer import GatewayStage
+from recpipe.gateway.spec import GatewayOptions
 from recpipe.ranking.servicer import RankingStage
 from recpipe.retrieval.servicer import RetrievalStage
 from recpipe.serving.batcher import BatchConfig
-from recpipe.serving.inprocess import ServerThread
+from recpipe.serving.server import ServerThread
 from recpipe.v1 import recommend_pb2, recommend_pb2_grpc
 
 DEADLINE_S = 1.0
@@ -40,7 +41,7 @@ def slow_chain():
         f = st.start(FeatureStage(lambda: ToyFeatureCore(world), batch=batch))
         r = st.start(RetrievalStage(lambda: ToyRetrievalCore(world), batch=batch))
         k = st.start(RankingStage(lambda: ranking, workers=1, batch=batch))
-        g = st.start(GatewayStage(f.address, r.address, k.address, max_in_flight=16))
+        g = st.start(GatewayStage(f.address, r.address, k.address, GatewayOptions(max_in_flight=16)))
         yield g.address
 
 

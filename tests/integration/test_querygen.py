@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from recpipe.cli import main
-from recpipe.config import STAGES
+from recpipe.config import STEPS
 from recpipe.querygen.testserver import TestServerConfig, TestServerProcess
 
 DELAY_US = 5000.0
@@ -64,8 +64,8 @@ def test_sequential_run_document_and_charts(rank_5ms: TestServerProcess, tmp_pat
     assert doc["model_version"] == "testserver"
     keys = {"p50_us", "p90_us", "p95_us", "p99_us", "p999_us", "max_us", "mean_us"}
     assert keys <= set(doc["end_to_end"])
-    assert set(doc["stages"]) == set(STAGES)
-    for stage in STAGES:
+    assert set(doc["stages"]) == set(STEPS)
+    for stage in STEPS:
         assert keys <= set(doc["stages"][stage]) and keys <= set(doc["stages"][stage]["server"])
         assert doc["stages"][stage]["count"] == 60
     assert sorted(p.name for p in plots.iterdir()) == ["latency_cdf.png", "stage_latency.png"]

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from recpipe.cli import main
-from recpipe.config import STAGES
+from recpipe.config import STEPS
 
 if TYPE_CHECKING:
     from recpipe.inprocess import ChainServers
@@ -30,17 +30,17 @@ def test_sequential_and_per_component_against_the_chain(serving_chain: ChainServ
     assert gw["workload"]["num_users"] == dataset_info["num_users"]
     assert {"gateway", "features", "retrieval", "ranking"} <= set(gw["pipeline"])
     assert gw["model_version"]
-    for stage in STAGES:
+    for stage in STEPS:
         s = gw["stages"][stage]
         assert s["count"] == 40 and 0 < s["server"]["p50_us"] <= s["p50_us"] * 1.01 + 5
     # Stages run one after another inside the gateway: the client waits at least their sum.
-    assert gw["end_to_end"]["p50_us"] >= 0.9 * sum(gw["stages"][s]["p50_us"] for s in STAGES)
+    assert gw["end_to_end"]["p50_us"] >= 0.9 * sum(gw["stages"][s]["p50_us"] for s in STEPS)
 
     pc = _run(tmp_path, "pc", "--per-component", "--features", t["features"], "--retrieval", t["retrieval"],
               "--ranking", t["ranking"], "--queries", "40", "--num-candidates", "50",
               "--num-users", str(dataset_info["num_users"]))
     assert pc["per_component"] and pc["queries"] == 40 and pc["errors"] == 0
-    for stage in STAGES:
+    for stage in STEPS:
         s = pc["stages"][stage]
         assert s["count"] == 40 and 0 < s["server"]["p50_us"] <= s["p50_us"] * 1.01 + 5
-    assert pc["end_to_end"]["p50_us"] >= sum(pc["stages"][s]["p50_us"] for s in STAGES) * 0.9
+    assert pc["end_to_end"]["p50_us"] >= sum(pc["stages"][s]["p50_us"] for s in STEPS) * 0.9

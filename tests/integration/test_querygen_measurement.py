@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from recpipe.cli import main
-from recpipe.config import STAGES
+from recpipe.config import STEPS
 from recpipe.querygen.testserver import TestServerConfig, TestServerProcess
 
 
@@ -40,7 +40,7 @@ def test_queue_compute_split_in_json_and_table(server: TestServerProcess, tmp_pa
     assert rank["batch_size"] == {"count": 40, "mean": 1.0, "max": 1}
     assert 900 <= rank["queue"]["p50_us"] <= 1600 and 2900 <= rank["compute"]["p50_us"] <= 3700
     assert rank["queue"]["p50_us"] + rank["compute"]["p50_us"] <= rank["server"]["p50_us"] + 100
-    for stage in STAGES:
+    for stage in STEPS:
         assert set(doc["stages"][stage]["queue"]) >= {"count", "p50_us", "p99_us", "mean_us"}
     lines = out.splitlines()
     assert lines[0].startswith("recpipe querygen: mode sequential") and "40 queries" in lines[0]

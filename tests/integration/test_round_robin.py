@@ -92,7 +92,10 @@ def test_gateway_round_robins_over_every_address_of_a_dns_name(
     serving_threads, serving_chain, small_models: Path, dataset_info: dict[str, int], tiny_dns: TinyDNS
 ) -> None:
     from recpipe.gateway.servicer import GatewayStage
-    from recpipe.ranking.servicer import load_stage as ranking_stage
+    from recpipe.stages import REGISTRY
+
+    def ranking_stage(models: Path, device: str):
+        return REGISTRY.build(REGISTRY.config("ranking", models_dir=models, device=device))
 
     first = serving_threads.start(ranking_stage(small_models, device="cpu"), host=REPLICA_HOSTS[0], port=0)
     started = [first]

@@ -14,7 +14,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 
 from recpipe import codec, schema
 from recpipe.client import RecommendClient
-from recpipe.config import MAX_NUM_CANDIDATES, STAGES, TOTAL_STAGE
+from recpipe.config import MAX_NUM_CANDIDATES, STEPS, TOTAL_STEP
 from recpipe.errors import BadRequest, DeadlineExceeded, StageUnavailable, UnknownUser
 from recpipe.gateway.servicer import GatewayStage
 from recpipe.serving.supervisor import free_port
@@ -47,11 +47,11 @@ def test_recommend_returns_distinct_valid_items_descending(client, dataset_info)
         assert np.all(np.diff(rec.scores) <= 0)
         assert np.all((rec.scores >= 0) & (rec.scores <= 1))
         assert rec.model_version
-        assert [t.stage for t in rec.timings] == [*STAGES, TOTAL_STAGE]
-        for stage in STAGES:
+        assert [t.stage for t in rec.timings] == [*STEPS, TOTAL_STEP]
+        for stage in STEPS:
             t = rec.timing(stage)
             assert 0 < t.server_us <= t.observed_us
-        assert rec.timing(TOTAL_STAGE).observed_us >= sum(rec.timing(s).observed_us for s in STAGES)
+        assert rec.timing(TOTAL_STEP).observed_us >= sum(rec.timing(s).observed_us for s in STEPS)
 
 
 def test_defaults_are_500_candidates_and_10_results(client):

@@ -26,7 +26,7 @@ from recpipe.errors import (
 )
 from recpipe.features.servicer import FeatureStage
 from recpipe.serving.channels import make_blocking_channel
-from recpipe.serving.inprocess import ServerThread
+from recpipe.serving.server import ServerThread
 from recpipe.v1 import features_pb2, features_pb2_grpc, info_pb2, info_pb2_grpc
 
 

@@ -20,8 +20,8 @@ from recpipe.errors import UsageError
 from recpipe.features.core import read_tables
 from recpipe.preprocess import PreprocessConfig, Preprocessor
 from recpipe.preprocess import nvtabular_engine as engine
+from recpipe.timesplit import split_by_time
 from recpipe.training.config import TrainConfig
-from recpipe.training.split import split_by_time
 
 NVT_PYTHON = os.environ.get(engine.ENV_VAR)
 needs_nvtabular = pytest.mark.skipif(
@@ -100,7 +100,7 @@ def test_train_with_nvtabular_writes_the_polars_encoding(nvt_models: Path, small
 def test_repository_trained_with_nvtabular_serves(nvt_models: Path, small_dataset: Path) -> None:
     from recpipe.client import RecommendClient
     from recpipe.inprocess import start_chain
-    from recpipe.serving.inprocess import ServerThread
+    from recpipe.serving.server import ServerThread
 
     with ServerThread() as threads:
         chain = start_chain(threads, nvt_models, small_dataset, device="cpu")

@@ -9,9 +9,10 @@ import time
 import numpy as np
 import pytest
 
-from recpipe.config import STAGES, TOTAL_STAGE
+from recpipe.config import STEPS, TOTAL_STEP
 from recpipe.errors import BadRequest, DeadlineExceeded, Overloaded
-from recpipe.gateway.chain import Chain, StageResult
+from recpipe.gateway.chain import Chain
+from recpipe.types import StageResult
 
 ITEMS = 50
 
@@ -64,7 +65,7 @@ def test_chain_calls_the_stages_in_order_and_returns_the_top_n() -> None:
     # ranking scores each item by its id: the top 5 are the 5 largest candidate ids, best first
     assert rec.item_ids.tolist() == sorted(candidates.tolist(), reverse=True)[:5]
     assert (np.diff(rec.scores) <= 0).all() and rec.model_version == "v9"
-    assert [t.stage for t in rec.timings] == [*STAGES, TOTAL_STAGE]
+    assert [t.stage for t in rec.timings] == [*STEPS, TOTAL_STEP]
     rank = rec.timing("rank")
     assert (rank.server_us, rank.queue_us, rank.compute_us, rank.batch_size) == (19, 7, 11, 8)
     assert rec.timing("retrieve").batch_size == 2

@@ -15,7 +15,7 @@ from recpipe.errors import ArtifactMismatch, BadRequest, UnknownUser
 from recpipe.features import history as hist
 from recpipe.features.core import FeatureCore, read_tables
 from recpipe.repository import Repository
-from recpipe.training.split import split_by_time
+from recpipe.timesplit import split_by_time
 
 
 @pytest.fixture(scope="module")

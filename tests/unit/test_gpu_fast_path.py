@@ -25,7 +25,6 @@ from recpipe.retrieval import index as faiss_index
 from recpipe.retrieval.contract import RetrieveQuery
 from recpipe.retrieval.core import RetrievalCore
 from recpipe.serving import nvtx
-from recpipe.serving.config import GpuConfig
 from recpipe.transfer import DeviceIO, host_mapped
 
 CUDA = torch.cuda.is_available()
@@ -257,16 +256,6 @@ def one_line_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str], needle:
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("recpipe: error:") and needle in err[0], err
-
-
-def test_gpu_config_validates_and_round_trips_as_flags() -> None:
-    cfg = GpuConfig(cuda_graphs=False, precision="bf16", rescore=4, embeddings="device", nvtx=True)
-    assert cfg.flags() == ["--no-cuda-graphs", "--retrieval-precision", "bf16", "--rescore", "4",
-                           "--embeddings", "device", "--nvtx"]
-    for bad, match in (({"precision": "fp8"}, "--retrieval-precision"), ({"rescore": -1}, "--rescore"),
-                       ({"rescore": 65}, "--rescore"), ({"embeddings": "disk"}, "--embeddings")):
-        with pytest.raises(UsageError, match=match):
-            GpuConfig(**bad)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("argv", "needle"), [

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from recpipe.cli import main
-from recpipe.config import STAGES
+from recpipe.config import STEPS
 from recpipe.querygen import compare
 from recpipe.querygen.output import FORMAT
 from recpipe.querygen.recorder import Recorder
@@ -25,7 +25,7 @@ def _run_doc(stage_ms: dict[str, float], seed: int, gpu: str = "none") -> dict[s
     t = 0.0
     for _ in range(2000):
         # server time, and 0.1 ms more as observed by the caller
-        timings = [(s, us, us + 100) for s in STAGES
+        timings = [(s, us, us + 100) for s in STEPS
                    for us in [int(stage_ms[s] * 1000 * rng.uniform(0.98, 1.02))]]
         total = sum(observed for _, _, observed in timings) / 1e6 + 0.0005
         rec.ok(t, t, t + total, timings)
@@ -56,7 +56,7 @@ def test_speedups_per_stage_and_end_to_end() -> None:
     e2e = float(line.split(" is ")[1].split("x")[0])
     assert e2e == pytest.approx((sum(BASE.values()) + 0.9) / (sum(FAST.values()) + 0.9), rel=0.03)
     ratios = _ratios(line)
-    for stage in STAGES:
+    for stage in STEPS:
         assert ratios[stage] == pytest.approx(_expected(stage), rel=0.03), stage
     slower = compare.verdict("A", b, a)
     assert "slower end to end" in slower

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from recpipe.cli import build_parser
-from recpipe.commands.serve import gateway_targets
+from recpipe.commands.serve import upstream_targets
+from recpipe.stages import REGISTRY
 
 ENV = ("RECPIPE_BIND_HOST", "RECPIPE_FEATURES_TARGET", "RECPIPE_RETRIEVAL_TARGET", "RECPIPE_RANKING_TARGET")
 
@@ -19,6 +20,10 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def parse(*argv: str):
     return build_parser().parse_args(["serve", "--stage", "gateway", *argv])
+
+
+def gateway_targets(args) -> dict[str, str]:
+    return upstream_targets(args, REGISTRY, "gateway")
 
 
 def test_defaults_without_environment() -> None:

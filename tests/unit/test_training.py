@@ -11,10 +11,10 @@ import pytest
 
 from recpipe.cli import main
 from recpipe.repository import Repository, read_json
+from recpipe.timesplit import split_by_time
 from recpipe.training.config import TrainConfig
 from recpipe.training.loops import sample_ranking_rows
 from recpipe.training.metrics import auc, recall_at_k
-from recpipe.training.split import split_by_time
 
 
 def test_auc_matches_pairwise_definition() -> None:

@@ -1,4 +1,6 @@
-"""The time split: the latest ``HOLDOUT_FRACTION`` of interactions (by timestamp) are held out.
+"""The time split of the interactions: the latest ``HOLDOUT_FRACTION`` of them (by timestamp) are held out.
+
+Shared vocabulary: training fits on the rest, and the feature stage computes its history counts from it.
 
 The interactions file is sorted by timestamp, so the split is by position — the same rows the
 generator's oracle is evaluated on.

@@ -1,0 +1,18 @@
+"""The feature stage as the serving machinery sees it: name, port, thread libraries, builder."""
+
+from __future__ import annotations
+
+from recpipe.serving.config import StageConfig
+from recpipe.serving.spec import StageSpec
+from recpipe.serving.stage import Stage
+
+
+def build(cfg: StageConfig) -> Stage:
+    from recpipe.features.core import FeatureCore
+    from recpipe.features.servicer import FeatureStage
+
+    return FeatureStage.over(lambda: FeatureCore.load(cfg.models_dir, cfg.data_dir, threads=cfg.threads or None), cfg)
+
+
+SPEC = StageSpec("features", port_offset=1, build=build, threads=("polars",),
+                 description="Polars-encoded user and item rows gathered by position, history aggregates")

@@ -1,0 +1,120 @@
+"""What a stage declares about itself (``StageSpec``) and the registry the serving machinery reads.
+
+Every stage package exports one spec (``recpipe/<stage>/spec.py``): its name, its port after the
+gateway's, its options dataclass, its batching defaults, the compute libraries whose threads it sizes,
+the stages it calls, and how it is built. ``recpipe.stages`` lists the specs in one ``Registry``; the
+supervisor's launch, ``recpipe serve``, the in-process chain, the benches and the tables take names
+and options from it. This module is generic: it never spells a stage's name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from recpipe.errors import UsageError
+from recpipe.serving import nvtx
+from recpipe.serving import threads as thread_settings
+from recpipe.serving.batcher import BatchConfig
+from recpipe.serving.config import StageConfig
+from recpipe.serving.options import StageOptions
+from recpipe.serving.stage import Stage
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """One stage as the serving machinery sees it.
+
+    ``port_offset``: its default gRPC port is the gateway's base port plus this (the entry stage has
+    0). ``threads``: the compute libraries ``--threads`` sizes for it ("torch", "faiss", "polars"),
+    before ``build`` imports them. ``upstream``: the stages it calls, each reached through a target
+    (``--NAME`` flag, ``$RECPIPE_NAME_TARGET``). ``build(cfg)`` makes the ``Stage`` from a
+    ``StageConfig`` whose ``options`` is an instance of ``options``; it imports the stage's heavy
+    modules, so it runs only once the thread settings are applied.
+    """
+
+    name: str
+    port_offset: int
+    build: Callable[[StageConfig], Stage]
+    options: type[StageOptions] = StageOptions
+    batching: BatchConfig = field(default_factory=BatchConfig)
+    threads: tuple[str, ...] = ()
+    upstream: tuple[str, ...] = ()
+    description: str = ""
+
+
+class Registry:
+    """The stages that exist, in the order their processes start (upstream before the stages calling them)."""
+
+    def __init__(self, specs: Iterable[StageSpec]) -> None:
+        self._specs = {s.name: s for s in specs}
+        for s in self._specs.values():
+            missing = [u for u in s.upstream if u not in self._specs]
+            if missing:
+                raise ValueError(f"stage {s.name!r} calls unregistered stage(s) {missing}")
+        offsets = [s.port_offset for s in self._specs.values()]
+        if len(set(offsets)) != len(offsets):
+            raise ValueError(f"two stages share a port offset: {offsets}")
+
+    def __iter__(self) -> Iterator[StageSpec]:
+        return iter(self._specs.values())
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._specs
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._specs)
+
+    def get(self, name: str) -> StageSpec:
+        try:
+            return self._specs[name]
+        except KeyError:
+            raise UsageError(f"unknown stage {name!r}: choose {', '.join(self._specs)}") from None
+
+    @property
+    def entry(self) -> StageSpec:
+        """The stage clients call (port offset 0: the gateway in recpipe's chain)."""
+        return min(self._specs.values(), key=lambda s: s.port_offset)
+
+    def default_ports(self, base: int) -> dict[str, int]:
+        return {s.name: base + s.port_offset for s in self}
+
+    def add_option_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """Every stage's own flags (each shared flag once)."""
+        seen: dict[str, Any] = {}
+        for spec in self:
+            spec.options.add_arguments(parser, seen)
+
+    def options(self, args: argparse.Namespace) -> dict[str, StageOptions]:
+        """Each stage's options from parsed flags (validated: ``UsageError`` on a bad value)."""
+        return {spec.name: spec.options.from_namespace(args) for spec in self}
+
+    def config(self, name: str, **settings: Any) -> StageConfig:
+        """A ``StageConfig`` for stage ``name`` with ``settings`` and, unless given, its default options."""
+        settings.setdefault("options", self.get(name).options())
+        return StageConfig(name, **settings)
+
+    def build(self, cfg: StageConfig) -> Stage:
+        """The stage ``cfg`` names, with its thread settings applied before its libraries are imported."""
+        spec = self.get(cfg.stage)
+        if not isinstance(cfg.options, spec.options):
+            raise TypeError(f"{spec.name}: options must be {spec.options.__name__}, got {type(cfg.options).__name__}")
+        missing = [u for u in spec.upstream if not cfg.targets.get(u)]
+        if missing:
+            raise UsageError(f"{spec.name} needs targets for {', '.join(missing)}")
+        if cfg.nvtx:
+            nvtx.enable()
+        if spec.threads:
+            thread_settings.configure(cfg.threads, torch="torch" in spec.threads, faiss="faiss" in spec.threads)
+        if "torch" in spec.threads:
+            # Decoded tensors are read-only views over the request bytes; the cores only read them, so
+            # torch's warning about wrapping a non-writable array (once, at the first request) is noise.
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
+        return spec.build(cfg)

@@ -1,0 +1,79 @@
+"""A stage's options are declared once (``recpipe/<stage>/spec.py``): validated in the dataclass, turned
+into ``recpipe serve`` flags and back, each shared flag once; and the batcher resolves "auto" once."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+import pytest
+
+from recpipe.errors import UsageError
+from recpipe.gateway.spec import GatewayOptions
+from recpipe.ranking.spec import RankingOptions
+from recpipe.retrieval.spec import RetrievalOptions
+from recpipe.serving.batcher import BatchConfig, Batcher
+from recpipe.serving.options import merged_argv
+from recpipe.stages import REGISTRY
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    REGISTRY.add_option_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_options_validate_once_in_their_stage() -> None:
+    for make, match in ((lambda: RetrievalOptions(precision="fp8"), "--retrieval-precision"),
+                        (lambda: RetrievalOptions(rescore=-1), "--rescore"),
+                        (lambda: RetrievalOptions(rescore=65), "--rescore"),
+                        (lambda: RankingOptions(embeddings="disk"), "--embeddings"),
+                        (lambda: GatewayOptions(max_in_flight=0), "--max-in-flight")):
+        with pytest.raises(UsageError, match=match):
+            make()
+
+
+def test_options_round_trip_through_the_command_line() -> None:
+    chosen = {"retrieval": RetrievalOptions(cuda_graphs=False, precision="bf16", rescore=4),
+              "ranking": RankingOptions(cuda_graphs=False, embeddings="host"),
+              "gateway": GatewayOptions(max_in_flight=7)}
+    argv = merged_argv(chosen.values())
+    assert argv.count("--no-cuda-graphs") == 1  # one flag for both torch stages
+    assert argv == ["--no-cuda-graphs", "--retrieval-precision", "bf16", "--rescore", "4",
+                    "--embeddings", "host", "--max-in-flight", "7"]
+    back = REGISTRY.options(parse(argv))
+    for name, opts in chosen.items():
+        assert back[name] == opts
+    assert REGISTRY.options(parse([]))["retrieval"] == RetrievalOptions()
+
+
+def test_a_bad_value_on_the_command_line_is_a_usage_error() -> None:
+    with pytest.raises(UsageError, match=r"--rescore must be in 0\.\.64"):
+        REGISTRY.options(parse(["--rescore", "99"]))
+
+
+def test_batch_config_round_trips_and_auto_resolves_without_mutating() -> None:
+    cfg = BatchConfig(max_batch=4, max_queue_delay_us=50, max_queue=9)
+    parser = argparse.ArgumentParser()
+    BatchConfig.add_arguments(parser)
+    assert BatchConfig.from_namespace(parser.parse_args(cfg.to_argv())) == cfg
+    auto = BatchConfig()
+    assert auto.for_device("cuda:0 (H100)").max_batch == 32 and auto.for_device("cpu").max_batch == 1
+    assert auto.max_batch == 0
+
+
+def test_a_batcher_given_auto_serves_instead_of_spinning() -> None:
+    """``max_batch=0`` ("auto") once reached ``_take(0)``, which took nothing, so the worker spun forever
+    and no request was answered. The batcher now resolves it at construction."""
+
+    async def go() -> list[int]:
+        config = BatchConfig()
+        batcher: Batcher[int, int] = Batcher("toy.Double", lambda qs: [q * 2 for q in qs], config, threaded=False)
+        assert batcher.config.max_batch == 1 and config.max_batch == 0
+        try:
+            done = await asyncio.wait_for(asyncio.gather(*(batcher.submit(i) for i in range(3))), 10)
+            return [d.value for d in done]
+        finally:
+            await batcher.close()
+
+    assert asyncio.run(go()) == [0, 2, 4]
