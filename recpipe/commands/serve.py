@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from recpipe.config import DEFAULT_DATA_DIR, DEFAULT_HOST, DEFAULT_MODELS_DIR, DEFAULT_PORT
 from recpipe.errors import UsageError
 from recpipe.serving.batcher import BatchConfig
+from recpipe.serving.config import DEFAULT_UNRESPONSIVE_S
 from recpipe.stages import registry
 
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--startup-timeout", type=float, default=600.0, help="--stage all: seconds to wait for SERVING")
     parser.add_argument("--unresponsive-timeout", type=_seconds, default=None, metavar="SECONDS",
                         help="--stage all: restart a stage whose health has not answered for this long "
-                             "(default 5; 0 = never)")
+                             f"(default {DEFAULT_UNRESPONSIVE_S:g}; 0 = never)")
     for spec in stages:
         for upstream in spec.upstream:
             parser.add_argument(f"--{upstream}", dest=_target_dest(upstream), default=None, metavar="TARGET",
@@ -157,7 +158,7 @@ def _run_all(args: argparse.Namespace, stages: Registry, batch: BatchConfig, opt
 
     from recpipe.serving import launch
     from recpipe.serving.options import merged_argv
-    from recpipe.serving.supervisor import DEFAULT_UNRESPONSIVE_S, Supervisor
+    from recpipe.serving.supervisor import Supervisor
 
     _refuse_foreign_targets(args, stages, None)
     for path, what in ((args.models, "--models"), (args.data, "--data")):

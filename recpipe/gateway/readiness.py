@@ -63,6 +63,12 @@ class ChainReadiness:
             await report(ready)
         return ready
 
+    def down(self) -> str | None:
+        """The stages last seen not SERVING and why, or None while none is known to be down (a stage not
+        checked yet counts as up: the gateway's own health already says the chain is not ready)."""
+        bad = [f"{name} {status}" for name, status in self.status.items() if status not in ("SERVING", "UNKNOWN")]
+        return "; ".join(bad) or None
+
     def describe(self) -> str:
         """The stages that are not SERVING and why, e.g. "ranking UNAVAILABLE (connection refused)"."""
         return "; ".join(f"{name} {status}" for name, status in self.status.items() if status != "SERVING") or \

@@ -26,6 +26,7 @@ class GatewayStage(Stage):
         self.targets = dict(zip(SPEC.upstream, (features, retrieval, ranking), strict=True))
         self.admission = Admission((options or GatewayOptions()).max_in_flight)
         self.chain: Chain | None = None
+        self._readiness: ChainReadiness | None = None
         self._clients: tuple[GrpcFeatureClient, GrpcRetrievalClient, GrpcRankingClient] | None = None
 
     def add_to_server(self, server: aio.Server) -> None:
@@ -47,7 +48,8 @@ class GatewayStage(Stage):
         if self._clients is None:
             return None
         channels = tuple(client.channel for client in self._clients)
-        return ChainReadiness(dict(zip(SPEC.upstream, channels, strict=True))).run
+        self._readiness = ChainReadiness(dict(zip(SPEC.upstream, channels, strict=True)))
+        return self._readiness.run
 
     def info(self) -> StageInfo:
         version = self.chain.model_version if self.chain is not None else ""
@@ -64,7 +66,12 @@ class GatewayStage(Stage):
         deadline = check_deadline(context, self.name)
         if self.chain is None:
             raise StageUnavailable("gateway: still starting")
-        self.admission.admit(deadline)
+        # Fail fast while the health checks know a stage is down (crashed, frozen, loading): waiting out
+        # the deadline on it would tell the caller nothing more, later.
+        down = self._readiness.down() if self._readiness is not None else None
+        if down is not None:
+            raise StageUnavailable(f"gateway: {down} (its health check); not calling it until it answers")
+        started = self.admission.admit(deadline)
         completed = False
         try:
             rec = await self.chain.recommend(
@@ -72,7 +79,7 @@ class GatewayStage(Stage):
             )
             completed = True
         finally:
-            self.admission.release(completed)
+            self.admission.release(started, completed)
         return recommend_pb2.RecommendResponse(
             item_ids=rec.item_ids.tolist(),
             scores=rec.scores.tolist(),

@@ -14,6 +14,10 @@ from recpipe.errors import UsageError
 from recpipe.serving.batcher import BatchConfig
 from recpipe.serving.options import StageOptions
 
+#: A supervised stage whose health has not answered for this long is restarted (0 = never;
+#: ``--unresponsive-timeout``): a health check answers in under a millisecond on loopback, so two seconds
+#: of silence is a frozen process, and the restart is most of a frozen stage's outage.
+DEFAULT_UNRESPONSIVE_S = 2.0
 #: The metrics endpoint of a stage on gRPC port P defaults to P + METRICS_PORT_OFFSET.
 METRICS_PORT_OFFSET = 1000
 

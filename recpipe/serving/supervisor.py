@@ -29,6 +29,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from recpipe.errors import RecpipeError
 from recpipe.serving.channels import make_blocking_channel
+from recpipe.serving.config import DEFAULT_UNRESPONSIVE_S
 from recpipe.serving.runner import SUPERVISOR_ENV
 
 log = logging.getLogger(__name__)
@@ -36,8 +37,6 @@ log = logging.getLogger(__name__)
 #: A stage that dies sooner than this after starting counts as a failed start (backoff grows).
 STABLE_AFTER_S = 10.0
 MAX_BACKOFF_S = 30.0
-#: A stage whose health has not answered for this long is restarted (0 = never; ``--unresponsive-timeout``).
-DEFAULT_UNRESPONSIVE_S = 5.0
 #: Deadline of one health check.
 PROBE_TIMEOUT_S = 1.0
 #: the file descriptor a stage's stdout is sent to (this process's stderr)

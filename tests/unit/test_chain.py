@@ -109,23 +109,69 @@ def test_errors_keep_their_kind_and_deadlines_are_enforced() -> None:
 
 
 def test_gateway_admission_bounds_calls_in_flight_and_refuses_what_the_deadline_cannot_cover() -> None:
-    from recpipe.gateway.admission import Admission
+    from recpipe.gateway.admission import HEADROOM, Admission
 
-    a = Admission(max_in_flight=3)
+    now = [100.0]
+    a = Admission(max_in_flight=3, clock=lambda: now[0])
     for _ in range(3):
         a.admit(None)
     with pytest.raises(Overloaded, match="3 requests in flight"):
         a.admit(None)
     for _ in range(3):
-        a.release(completed=True)
-    # a measured rate: 20 completions in the last second, 2 calls in flight -> ~100 ms to complete
-    for _ in range(17):
+        a.release(now[0], completed=True)
+    assert a.measured(now[0]) is None  # 3 completions: too few to trust, so only the bound applies
+    a.admit(now[0] + 1e-6)
+    for _ in range(17):  # 20 completions in the last second: 3 at once, 17 of 50 ms each
+        started = a.admit(None)
+        now[0] += 0.05
+        a.release(started, completed=True)
+    rate, took = a.measured(now[0])
+    assert rate == 20 and took == pytest.approx(17 * 0.05 / 20)
+    # the one call in flight leaves a new one less than 1 ms of a deadline it would need 55 ms of
+    with pytest.raises(Overloaded, match=f"less than {HEADROOM:g}x that"):
+        a.admit(now[0] + 1e-3)
+
+
+def test_gateway_admission_expects_the_service_time_at_low_load_and_the_drain_time_under_overload() -> None:
+    from recpipe.gateway.admission import HEADROOM, Admission
+
+    now = [100.0]
+    a = Admission(max_in_flight=512, clock=lambda: now[0])
+    for _ in range(25):  # 25 calls of 16 ms each in the last second: a lightly loaded chain
+        started = a.admit(None)
+        now[0] += 0.016
+        a.release(started, completed=True)
+    now[0] += 0.5
+    rate, took = a.measured(now[0])
+    assert rate == 25 and took == pytest.approx(0.016)
+    a.admit(None)  # one call in flight: a second one hardly waits, so a 100 ms deadline is plenty
+    assert a.expected_s(now[0]) == pytest.approx(0.016 * 2 / 1.4)
+    a.admit(now[0] + 0.1)
+    # under overload: 60 calls in flight at 25/s: draining them takes ~2.4 s
+    for _ in range(58):
         a.admit(None)
-        a.release(completed=True)
-    a.admit(None)
-    a.admit(None)
-    assert a.rate(time.monotonic()) == 20
-    with pytest.raises(Overloaded, match="more than the"):
-        a.admit(time.monotonic() + 0.05)
-    a.admit(time.monotonic() + 0.5)  # enough time left: admitted
-    assert a.in_flight == 3
+    assert a.expected_s(now[0]) == pytest.approx(0.016 * 61 / 1.4)
+    with pytest.raises(Overloaded, match=r"less than 1\.5x that"):
+        a.admit(now[0] + HEADROOM * a.expected_s(now[0]) * 0.9)
+    a.admit(now[0] + HEADROOM * a.expected_s(now[0]) * 1.1)
+
+
+def test_gateway_admission_keeps_the_last_figures_when_completions_stop() -> None:
+    """Under overload completions can stop altogether; the old fallback ("too few to trust: admit up to
+    --max-in-flight") then let everything in, every call expired, and completions stayed at zero."""
+    from recpipe.gateway.admission import Admission
+
+    now = [100.0]
+    a = Admission(max_in_flight=512, clock=lambda: now[0])
+    for _ in range(20):
+        started = a.admit(None)
+        now[0] += 0.02
+        a.release(started, completed=True)
+    trusted = a.measured(now[0])
+    assert trusted is not None
+    for _ in range(20):
+        a.admit(None)  # in flight, never completing
+    now[0] += 10.0  # nothing completed for 10 s
+    assert a.measured(now[0]) == trusted
+    with pytest.raises(Overloaded):
+        a.admit(now[0] + 0.1)
