@@ -63,11 +63,14 @@ class ChainReadiness:
             await report(ready)
         return ready
 
-    def down(self) -> str | None:
-        """The stages last seen not SERVING and why, or None while none is known to be down (a stage not
-        checked yet counts as up: the gateway's own health already says the chain is not ready)."""
-        bad = [f"{name} {status}" for name, status in self.status.items() if status not in ("SERVING", "UNKNOWN")]
-        return "; ".join(bad) or None
+    def down(self) -> tuple[str, str] | None:
+        """The first stage whose last health check got no answer or could not reach it, and that
+        status; None while every stage answers. A stage that answers NOT_SERVING (loading, draining)
+        is not down: it refuses calls at once itself, with its own reason."""
+        for name, status in self.status.items():
+            if status not in ("SERVING", "NOT_SERVING", "UNKNOWN"):
+                return name, status
+        return None
 
     def describe(self) -> str:
         """The stages that are not SERVING and why, e.g. "ranking UNAVAILABLE (connection refused)"."""

@@ -66,11 +66,12 @@ class GatewayStage(Stage):
         deadline = check_deadline(context, self.name)
         if self.chain is None:
             raise StageUnavailable("gateway: still starting")
-        # Fail fast while the health checks know a stage is down (crashed, frozen, loading): waiting out
-        # the deadline on it would tell the caller nothing more, later.
+        # Fail fast while the health checks see a stage down (crashed, frozen): waiting out the deadline
+        # on it would tell the caller nothing more, later.
         down = self._readiness.down() if self._readiness is not None else None
         if down is not None:
-            raise StageUnavailable(f"gateway: {down} (its health check); not calling it until it answers")
+            name, status = down
+            raise StageUnavailable(f"{name} unavailable at {self.targets[name]}: {status} (the gateway's health check)")
         started = self.admission.admit(deadline)
         completed = False
         try:

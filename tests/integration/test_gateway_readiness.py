@@ -18,6 +18,7 @@ from recpipe.ranking.servicer import RankingStage
 from recpipe.retrieval.servicer import RetrievalStage
 from recpipe.serving.server import ServerThread
 from recpipe.serving.supervisor import free_port, health_status
+from recpipe.v1 import recommend_pb2, recommend_pb2_grpc
 
 
 def wait_status(address: str, wanted: str, timeout: float = 10.0) -> float:
@@ -75,3 +76,43 @@ def test_gateway_health_follows_every_stage_it_calls():
             assert len(client.recommend(2, 20, 5).item_ids) == 5
         finally:
             client.close()
+
+
+def test_a_frozen_stage_fails_fast_instead_of_costing_each_call_its_deadline():
+    """A stage that stops answering (SIGSTOP: its connection stays open, so calls just wait) is seen by the
+    gateway's health checks within about a second; from then on calls that need it are refused at once
+    with UNAVAILABLE naming it, instead of each waiting out its whole deadline as DEADLINE_EXCEEDED."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    port = free_port()
+    toy = subprocess.Popen([sys.executable, str(Path(__file__).with_name("toy_serve.py")), str(port)])
+    world = ToyWorld()
+    try:
+        wait_status(f"127.0.0.1:{port}", "SERVING", timeout=60)
+        with ServerThread() as st:
+            retrieval = st.start(RetrievalStage(lambda: ToyRetrievalCore(world)))
+            ranking = st.start(RankingStage(lambda: ToyRankingCore(world)))
+            gateway = st.start(GatewayStage(f"127.0.0.1:{port}", retrieval.address, ranking.address))
+            wait_status(gateway.address, "SERVING")
+            with RecommendClient(gateway.address, timeout=30) as client:
+                assert len(client.recommend(1, 20, 5).item_ids) == 5
+                os.kill(toy.pid, signal.SIGSTOP)
+                try:
+                    wait_status(gateway.address, "NOT_SERVING", timeout=10)  # the health checks noticed
+                    with grpc.insecure_channel(gateway.address) as channel:
+                        stub = recommend_pb2_grpc.RecommendServiceStub(channel)
+                        with pytest.raises(grpc.RpcError) as refused:
+                            stub.Recommend(recommend_pb2.RecommendRequest(user_id=1, num_candidates=20), timeout=30)
+                    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+                    assert refused.value.details().startswith(f"features unavailable at 127.0.0.1:{port}: no answer")
+                finally:
+                    os.kill(toy.pid, signal.SIGCONT)
+                wait_status(gateway.address, "SERVING")
+                assert len(client.recommend(2, 20, 5).item_ids) == 5
+    finally:
+        toy.terminate()
+        toy.wait(timeout=30)
