@@ -243,3 +243,21 @@ def test_max_batch_zero_means_32_on_a_gpu_and_1_on_a_cpu() -> None:
     assert auto.for_device("cpu").max_batch == 1
     assert auto.for_device("cuda:0 (NVIDIA H100 80GB HBM3)").max_batch == 32
     assert BatchConfig(max_batch=8).for_device("cpu").max_batch == 8  # an explicit size is kept
+
+
+def test_a_lone_inline_request_runs_at_once_without_the_worker() -> None:
+    """Batching off, inline calls, nothing ahead: the request runs in ``submit`` itself (no worker task,
+    no loop turns), with the same answer, errors and service-time learning as through the queue."""
+    core = Core()
+
+    async def go() -> None:
+        b = Batcher("rank", core, BatchConfig(max_batch=1), threaded=False)
+        done = await b.submit(21)
+        assert (done.value, done.queue_us, done.batch_size) == (42, 0, 1)
+        assert b._worker is None and b.batches == 1 and b.request_s > 0
+        with pytest.raises(BadRequest, match="bad -1"):
+            await b.submit(-1)
+        await b.close()
+
+    run(go())
+    assert core.batches == [[21], [-1]]
