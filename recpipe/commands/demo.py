@@ -15,6 +15,7 @@ from pathlib import Path
 
 from recpipe.config import DEFAULT_NUM_RESULTS
 from recpipe.errors import UsageError
+from recpipe.serving.launch import THREADS_HELP, threads_arg
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-candidates", type=int, default=0, help="candidates per query (0 = 500)")
     parser.add_argument("--num-results", type=int, default=0, help="results per query (0 = 10)")
     parser.add_argument("--device", default="auto", help="auto|cpu|cuda for retrieval and ranking")
-    parser.add_argument("--threads", type=int, default=0, help="compute threads per stage (0 = library default)")
+    parser.add_argument("--threads", type=threads_arg, default=None, help=THREADS_HELP)
     parser.add_argument("--seed", type=int, default=0, help="seed of the query user ids")
 
 
@@ -76,15 +77,16 @@ def _serve_and_measure(args: argparse.Namespace, data: Path, models: Path) -> in
     from recpipe.querygen import loops, output, plots, session
     from recpipe.querygen.config import QuerygenConfig
     from recpipe.querygen.workload import fixed_candidates
-    from recpipe.serving.launch import allocate_ports, supervised_stages
+    from recpipe.serving.launch import allocate_ports, resolve_threads, supervised_stages
     from recpipe.serving.supervisor import Supervisor
     from recpipe.stages import REGISTRY
 
     host = DEFAULT_HOST
     ports, metrics = allocate_ports(REGISTRY, host, 0, -1)
+    threads, chosen = resolve_threads(REGISTRY, args.threads)
     stages = supervised_stages(REGISTRY, models=models, data=data, host=host, ports=ports, metrics=metrics,
-                               device=args.device, threads=args.threads, log_level=args.log_level)
-    _step("serve: starting features, retrieval, ranking, gateway (one process each)")
+                               device=args.device, threads=threads, log_level=args.log_level)
+    _step(f"serve: starting {', '.join(REGISTRY.names)} (one process each); {chosen}")
     supervisor = Supervisor(stages)
     supervisor.start()
     try:

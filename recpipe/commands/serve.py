@@ -21,6 +21,7 @@ from recpipe.config import DEFAULT_DATA_DIR, DEFAULT_HOST, DEFAULT_MODELS_DIR, D
 from recpipe.errors import UsageError
 from recpipe.serving.batcher import BatchConfig
 from recpipe.serving.config import DEFAULT_UNRESPONSIVE_S
+from recpipe.serving.launch import THREADS_HELP, threads_arg
 from recpipe.stages import registry
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-port", type=int, default=None,
                         help="Prometheus port (default: gRPC port + 1000; 0 = free; -1 = off)")
     parser.add_argument("--device", default="auto", help="auto|cpu|cuda[:N] for the stages that run a model")
-    parser.add_argument("--threads", type=int, default=0, help="compute threads per stage (0 = library default)")
+    parser.add_argument("--threads", type=threads_arg, default=None, help=THREADS_HELP)
     parser.add_argument("--workers", type=int, default=0,
                         help="run unbatched core calls on N threads per stage instead of the event loop (0 = inline)")
     parser.add_argument("--nvtx", action="store_true",
@@ -139,7 +140,7 @@ def stage_config(args: argparse.Namespace, stage: str, port: int, metrics_port: 
 
     assert isinstance(options, StageOptions)
     return StageConfig(stage=stage, models_dir=args.models, data_dir=args.data, host=args.host, port=port,
-                       metrics_port=metrics_port, device=args.device, threads=args.threads, workers=args.workers,
+                       metrics_port=metrics_port, device=args.device, threads=args.threads or 0, workers=args.workers,
                        grace_s=args.grace, targets=targets, batch=batch, nvtx=args.nvtx, options=options)
 
 
@@ -166,9 +167,10 @@ def _run_all(args: argparse.Namespace, stages: Registry, batch: BatchConfig, opt
             raise UsageError(f"{what} {path}: no such directory")
     base = DEFAULT_PORT if args.port is None else args.port
     ports, metrics = launch.allocate_ports(stages, args.host, base, args.metrics_port)
+    threads, chosen = launch.resolve_threads(stages, args.threads)
     processes = launch.supervised_stages(
         stages, models=args.models, data=args.data, host=args.host, ports=ports, metrics=metrics,
-        device=args.device, threads=args.threads, workers=args.workers, grace=args.grace, log_level=args.log_level,
+        device=args.device, threads=threads, workers=args.workers, grace=args.grace, log_level=args.log_level,
         extra=[*batch.to_argv(), *(["--nvtx"] if args.nvtx else []), *merged_argv(options.values())],
     )
     unresponsive = DEFAULT_UNRESPONSIVE_S if args.unresponsive_timeout is None else args.unresponsive_timeout
@@ -181,6 +183,7 @@ def _run_all(args: argparse.Namespace, stages: Registry, batch: BatchConfig, opt
     supervisor.start(stop)
     print(f"recpipe serving ({len(processes)} stages; Ctrl-C stops):")
     print(summary(supervisor, processes, args.host))
+    print(chosen)
     sys.stdout.flush()
     supervisor.run(stop)
     print("recpipe: all stages stopped", flush=True)

@@ -14,5 +14,5 @@ def build(cfg: StageConfig) -> Stage:
     return FeatureStage.over(lambda: FeatureCore.load(cfg.models_dir, cfg.data_dir, threads=cfg.threads or None), cfg)
 
 
-SPEC = StageSpec("features", port_offset=1, build=build, threads=("polars",),
+SPEC = StageSpec("features", port_offset=1, build=build, cost=1.6, threads=("polars",),
                  description="Polars-encoded user and item rows gathered by position, history aggregates")

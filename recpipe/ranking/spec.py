@@ -51,5 +51,5 @@ def build(cfg: StageConfig) -> Stage:
     return RankingStage.over(lambda: RankingCore.load(cfg.models_dir, device=cfg.device, **asdict(opts)), cfg)
 
 
-SPEC = StageSpec("ranking", port_offset=3, build=build, options=RankingOptions, threads=("torch",),
+SPEC = StageSpec("ranking", port_offset=3, build=build, cost=4.7, options=RankingOptions, threads=("torch",),
                  description="DLRM over the candidates")

@@ -46,5 +46,5 @@ def build(cfg: StageConfig) -> Stage:
     return RetrievalStage.over(lambda: RetrievalCore.load(cfg.models_dir, device=cfg.device, **asdict(opts)), cfg)
 
 
-SPEC = StageSpec("retrieval", port_offset=2, build=build, options=RetrievalOptions, threads=("torch", "faiss"),
+SPEC = StageSpec("retrieval", port_offset=2, build=build, cost=1.7, options=RetrievalOptions, threads=("torch", "faiss"),
                  description="user tower -> query embedding -> FAISS / exact top-k")

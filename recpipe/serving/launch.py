@@ -8,6 +8,8 @@ from the entry stage's base port; a stage's upstream targets are the ports of th
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,6 +39,35 @@ def allocate_ports(registry: Registry, host: str, base: int,
     return ports, {s.name: metrics_port(metrics_flag, ports[s.name], s.port_offset) for s in registry}
 
 
+#: ``--threads`` help, shared by every command that starts the chain.
+THREADS_HELP = ("compute threads per stage: auto (default) shares this machine's cores among the stages in "
+                "proportion to their cost; N for every stage; 0 = the libraries' defaults")
+
+
+def threads_arg(text: str) -> int | None:
+    """``--threads``: "auto" (None) or a count >= 0."""
+    if text == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be auto or a number >= 0, got {text!r}")
+    return value
+
+
+def resolve_threads(registry: Registry, flag: int | None) -> tuple[int | dict[str, int], str]:
+    """The ``threads`` for ``supervised_stages`` and a line saying what was chosen: ``flag`` for every
+    stage, or with ``auto`` (None) each stage's share of the cores this process may use."""
+    if flag is not None:
+        return flag, f"threads: {flag or 'library default'} per stage"
+    cores = len(os.sched_getaffinity(0))
+    shares = registry.auto_threads(cores)
+    chosen = ", ".join(f"{name} {n}" for name, n in shares.items() if n)
+    return shares, f"threads: auto on {cores} core{'s' * (cores != 1)}: {chosen} (by each stage's cost; --threads N to set)"
+
+
 def connect_host(host: str) -> str:
     """Where to reach a server bound to ``host`` from this machine (a wildcard is not a destination)."""
     return "127.0.0.1" if host in ("0.0.0.0", "") else ("[::1]" if host == "::" else host)
@@ -44,12 +75,14 @@ def connect_host(host: str) -> str:
 
 def supervised_stages(
     registry: Registry, *, models: Path, data: Path, host: str, ports: dict[str, int],
-    metrics: dict[str, int | None], device: str = "auto", threads: int = 0, workers: int = 0, grace: float = 5.0,
+    metrics: dict[str, int | None], device: str = "auto", threads: int | dict[str, int] = 0, workers: int = 0,
+    grace: float = 5.0,
     log_level: str = "WARNING", extra: Sequence[str] = (),
 ) -> list[StageProcess]:
     """One ``StageProcess`` per stage, in the registry's order: ``python -m recpipe serve --stage NAME``
-    with explicit ports and its upstream targets. ``extra`` is appended to every stage's arguments (the
-    batching flags and the stages' own options)."""
+    with explicit ports and its upstream targets. ``threads``: for every stage, or per stage (``--threads
+    auto``: ``Registry.auto_threads``). ``extra`` is appended to every stage's arguments (the batching
+    flags and the stages' own options)."""
     connect = connect_host(host)
     processes = []
     for spec in registry:
@@ -58,7 +91,8 @@ def supervised_stages(
             sys.executable, "-m", "recpipe", "--log-level", log_level, "serve", "--stage", name,
             "--models", str(models), "--data", str(data), "--host", host, "--port", str(ports[name]),
             "--metrics-port", str(-1 if metrics[name] is None else metrics[name]),
-            "--device", device, "--threads", str(threads), "--workers", str(workers), "--grace", str(grace),
+            "--device", device, "--threads", str(threads if isinstance(threads, int) else threads[name]),
+            "--workers", str(workers), "--grace", str(grace),
             *extra,
         ]
         for upstream in spec.upstream:

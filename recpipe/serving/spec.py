@@ -30,7 +30,8 @@ class StageSpec:
 
     ``port_offset``: its default gRPC port is the gateway's base port plus this (the entry stage has
     0). ``threads``: the compute libraries ``--threads`` sizes for it ("torch", "faiss", "polars"),
-    before ``build`` imports them. ``upstream``: the stages it calls, each reached through a target
+    before ``build`` imports them; ``cost``: its CPU time per query relative to the other stages
+    (measured, BENCHMARKS.md), by which ``--threads auto`` shares the cores out. ``upstream``: the stages it calls, each reached through a target
     (``--NAME`` flag, ``$RECPIPE_NAME_TARGET``). ``build(cfg)`` makes the ``Stage`` from a
     ``StageConfig`` whose ``options`` is an instance of ``options``; it imports the stage's heavy
     modules, so it runs only once the thread settings are applied.
@@ -42,6 +43,7 @@ class StageSpec:
     options: type[StageOptions] = StageOptions
     batching: BatchConfig = field(default_factory=BatchConfig)
     threads: tuple[str, ...] = ()
+    cost: float = 0.0
     upstream: tuple[str, ...] = ()
     description: str = ""
 
@@ -85,6 +87,13 @@ class Registry:
 
     def default_ports(self, base: int) -> dict[str, int]:
         return {s.name: base + s.port_offset for s in self}
+
+    def auto_threads(self, cores: int) -> dict[str, int]:
+        """``--threads auto`` for the stages sharing a machine of ``cores`` cores: each stage that computes
+        gets a share of the cores in proportion to its ``cost``, at least one thread; the others none."""
+        computing = [s for s in self if s.threads and s.cost > 0]
+        total = sum(s.cost for s in computing)
+        return {s.name: max(1, round(cores * s.cost / total)) if s in computing else 0 for s in self}
 
     def add_option_arguments(self, parser: argparse.ArgumentParser) -> None:
         """Every stage's own flags (each shared flag once)."""

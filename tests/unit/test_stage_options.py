@@ -77,3 +77,18 @@ def test_a_batcher_given_auto_serves_instead_of_spinning() -> None:
             await batcher.close()
 
     assert asyncio.run(go()) == [0, 2, 4]
+
+
+def test_threads_auto_shares_the_cores_by_each_stage_cost() -> None:
+    import argparse as ap
+
+    from recpipe.serving.launch import threads_arg
+
+    assert REGISTRY.auto_threads(2) == {"features": 1, "retrieval": 1, "ranking": 1, "gateway": 0}
+    big = REGISTRY.auto_threads(16)
+    assert big["gateway"] == 0 and big["ranking"] > big["retrieval"] >= big["features"] >= 1
+    assert 15 <= sum(big.values()) <= 17  # the cores, up to rounding
+    assert threads_arg("auto") is None and threads_arg("3") == 3
+    for bad in ("-1", "many"):
+        with pytest.raises(ap.ArgumentTypeError, match="auto or a number"):
+            threads_arg(bad)
