@@ -89,6 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gpu.add_argument("--nvtx", action="store_true",
                      help="NVTX ranges per stage step (decode, queue, compute, encode) for nsys (CUDA only)")
     parser.add_argument("--grace", type=float, default=5.0, help="seconds to drain in-flight requests on stop")
+    _add_connection_age_arguments(parser)
     parser.add_argument("--startup-timeout", type=float, default=600.0, help="--stage all: seconds to wait for SERVING")
     parser.add_argument("--unresponsive-timeout", type=_seconds, default=None, metavar="SECONDS",
                         help="--stage all: restart a stage whose health has not answered for this long "
@@ -98,6 +99,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(f"--{stage}", dest=f"target_{stage}", default=None,
                             metavar="TARGET", help=f"--stage gateway: {stage} target, host:port, dns:///host:port "
                             f"or ipv4:host:port,host:port (default ${env}, else HOST:its default port)")
+
+
+def _add_connection_age_arguments(parser: argparse.ArgumentParser) -> None:
+    from recpipe.serving.server import (
+        DEFAULT_MAX_CONNECTION_AGE_GRACE_S,
+        DEFAULT_MAX_CONNECTION_AGE_S,
+        MAX_CONNECTION_AGE_ENV,
+        MAX_CONNECTION_AGE_GRACE_ENV,
+    )
+
+    age = parser.add_argument_group("connection age (clients re-resolve and find new replicas)")
+    age.add_argument("--max-connection-age", type=_seconds, default=None, metavar="SECONDS",
+                     help=f"close each client connection after this long, so clients re-resolve dns:/// names "
+                          f"(0 = never; default ${MAX_CONNECTION_AGE_ENV}, else {DEFAULT_MAX_CONNECTION_AGE_S:g})")
+    age.add_argument("--max-connection-age-grace", type=_seconds, default=None, metavar="SECONDS",
+                     help=f"RPCs in flight on such a connection get this long to finish (default "
+                          f"${MAX_CONNECTION_AGE_GRACE_ENV}, else {DEFAULT_MAX_CONNECTION_AGE_GRACE_S:g})")
+
+
+def _export_connection_age(args: argparse.Namespace) -> None:
+    """The flags win over the environment; they reach this process's server and every stage process
+    ``--stage all`` starts through the environment (``ConnectionAge.from_env``), checked here first."""
+    from recpipe.serving.server import MAX_CONNECTION_AGE_ENV, MAX_CONNECTION_AGE_GRACE_ENV, ConnectionAge
+
+    for env, value in ((MAX_CONNECTION_AGE_ENV, args.max_connection_age),
+                       (MAX_CONNECTION_AGE_GRACE_ENV, args.max_connection_age_grace)):
+        if value is not None:
+            os.environ[env] = repr(value)
+    ConnectionAge.from_env()
 
 
 def _seconds(text: str) -> float:
@@ -148,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
     from recpipe.serving.config import check_max_in_flight
 
     check_max_in_flight(args.max_in_flight)
+    _export_connection_age(args)
     if args.port is not None and not 0 <= args.port <= 65535 - 3:
         raise UsageError(f"--port must be in 0..65532, got {args.port}")
     if args.stage != "all":

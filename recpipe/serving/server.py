@@ -3,6 +3,14 @@
 ``build_server`` follows grpc's examples: it returns ``(server, port)`` with the port actually bound, so
 tests bind port 0. ``StageServer`` adds the life cycle: start (health NOT_SERVING) -> ``load()`` (heavy
 state; health SERVING) -> ``stop(grace)`` (health NOT_SERVING, refuse new RPCs, drain in-flight ones).
+
+Two kinds of health: ``""`` and the stage's service names are readiness (loaded; for the gateway, the
+whole chain ready); ``LIVENESS_SERVICE`` is SERVING from start until stop, whatever the stages behind
+say, so a liveness probe never restarts a gateway for a stage's outage (deploy/k8s probes it).
+
+Every server closes each client connection after ``ConnectionAge.max_age_s`` (gRPC's
+``max_connection_age``, with a grace for RPCs in flight): the client reconnects and re-resolves its
+``dns:///`` name, so a long-lived channel finds replicas added after it started (gRPC proposal A9).
 """
 
 from __future__ import annotations
@@ -10,6 +18,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import os
+from dataclasses import dataclass
 
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -36,6 +47,55 @@ SERVER_OPTIONS: tuple[tuple[str, object], ...] = (
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 )
 
+#: The health service name a liveness probe asks: SERVING while this process serves, NOT_SERVING once
+#: it stops; never follows readiness.
+LIVENESS_SERVICE = "recpipe.Liveness"
+
+#: Environment variables behind ``recpipe serve --max-connection-age/--max-connection-age-grace``.
+MAX_CONNECTION_AGE_ENV = "RECPIPE_MAX_CONNECTION_AGE"
+MAX_CONNECTION_AGE_GRACE_ENV = "RECPIPE_MAX_CONNECTION_AGE_GRACE"
+#: 30 s: a new replica gets traffic within about that long (gRPC adds +-10 % jitter). Shorter buys
+#: nothing: a client's DNS resolver waits at least 30 s between two resolutions
+#: (grpc.dns_min_time_between_resolutions_ms), so it would reconnect to the old addresses. A
+#: reconnect every 30 s per client and server is one TCP + HTTP/2 handshake: negligible.
+DEFAULT_MAX_CONNECTION_AGE_S = 30.0
+#: 10 s: longer than any Recommend deadline recpipe's clients set, so the connection is only closed
+#: under an RPC that has already outlived its caller.
+DEFAULT_MAX_CONNECTION_AGE_GRACE_S = 10.0
+
+
+@dataclass(frozen=True)
+class ConnectionAge:
+    """Close a client connection after ``max_age_s`` (0 = never) with ``grace_s`` for RPCs in flight."""
+
+    max_age_s: float = DEFAULT_MAX_CONNECTION_AGE_S
+    grace_s: float = DEFAULT_MAX_CONNECTION_AGE_GRACE_S
+
+    def __post_init__(self) -> None:
+        for flag, value in (("--max-connection-age", self.max_age_s), ("--max-connection-age-grace", self.grace_s)):
+            if not (math.isfinite(value) and value >= 0):
+                raise UsageError(f"{flag} must be a finite number of seconds >= 0, got {value}")
+
+    @classmethod
+    def from_env(cls) -> ConnectionAge:
+        """From ``$RECPIPE_MAX_CONNECTION_AGE`` and ``$RECPIPE_MAX_CONNECTION_AGE_GRACE`` (seconds), each
+        defaulting to the values above; ``UsageError`` for a value that is not a number."""
+        values = []
+        for env, default in ((MAX_CONNECTION_AGE_ENV, DEFAULT_MAX_CONNECTION_AGE_S),
+                             (MAX_CONNECTION_AGE_GRACE_ENV, DEFAULT_MAX_CONNECTION_AGE_GRACE_S)):
+            text = os.environ.get(env, "").strip()
+            try:
+                values.append(float(text) if text else default)
+            except ValueError:
+                raise UsageError(f"${env} must be a number of seconds, got {text!r}") from None
+        return cls(*values)
+
+    def options(self) -> list[tuple[str, object]]:
+        if self.max_age_s == 0:
+            return []
+        return [("grpc.max_connection_age_ms", max(1, round(self.max_age_s * 1000))),
+                ("grpc.max_connection_age_grace_ms", round(self.grace_s * 1000))]
+
 
 def build_server(
     stage: Stage,
@@ -44,15 +104,17 @@ def build_server(
     port: int = 0,
     health: HealthServicer | None = None,
     metrics: ServerMetrics | None = None,
+    connection_age: ConnectionAge | None = None,
 ) -> tuple[aio.Server, int]:
     """An unstarted server with ``stage``'s services, InfoService, health and reflection on host:port.
 
     Returns the server and the bound port (``port=0`` picks a free one). Raises ``UsageError`` when the
-    address cannot be bound.
+    address cannot be bound. ``connection_age`` None: ``ConnectionAge.from_env()``.
     """
+    age = ConnectionAge.from_env() if connection_age is None else connection_age
     server = aio.server(
         interceptors=[ServingInterceptor(metrics or ServerMetrics(stage.name))],
-        options=list(SERVER_OPTIONS),
+        options=[*SERVER_OPTIONS, *age.options()],
     )
     stage.add_to_server(server)
     info_pb2_grpc.add_InfoServiceServicer_to_server(info.InfoServicer(stage.info), server)
@@ -99,14 +161,18 @@ class StageServer:
 
     @classmethod
     async def start(
-        cls, stage: Stage, *, host: str = DEFAULT_HOST, port: int = 0, metrics_port: int | None = None
+        cls, stage: Stage, *, host: str = DEFAULT_HOST, port: int = 0, metrics_port: int | None = None,
+        connection_age: ConnectionAge | None = None,
     ) -> StageServer:
-        """Start answering (health NOT_SERVING until ``load``); ``metrics_port`` None = no /metrics."""
+        """Start answering (health NOT_SERVING until ``load``, liveness SERVING); ``metrics_port`` None =
+        no /metrics; ``connection_age`` None = ``ConnectionAge.from_env()``."""
         health = HealthServicer()
         for name in ("", *stage.service_names):
             await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
         metrics = ServerMetrics(stage.name)
-        server, bound = build_server(stage, host=host, port=port, health=health, metrics=metrics)
+        server, bound = build_server(stage, host=host, port=port, health=health, metrics=metrics,
+                                     connection_age=connection_age)
         await server.start()
         mport = None
         if metrics_port is not None:
@@ -134,7 +200,8 @@ class StageServer:
             await self.health.set(name, status)
 
     async def stop(self, grace: float | None = 5.0) -> None:
-        """Report NOT_SERVING, refuse new RPCs, let in-flight ones finish within ``grace`` seconds."""
+        """Report NOT_SERVING (readiness and liveness, before anything else, so probes and balancers stop
+        sending), refuse new RPCs, let in-flight ones finish within ``grace`` seconds."""
         if self._stopped:
             return
         self._stopped = True
