@@ -7,7 +7,8 @@
 # one it started); builds the local base image (.ci/base-image.sh: no image registry is needed) and
 # the CPU image, with torch from a PEP 503 index served on 127.0.0.1 out of pip's local wheels; brings
 # the stack up with docker-compose.hostnet.yml (host networking, every address 127.0.0.1, two ranking
-# replicas) at a small scale; waits, bounded, for every service to be healthy; sends a Recommend and
+# replicas) at a small scale, every container as user 10001 with a read-only root filesystem and no
+# capabilities (checked); waits, bounded, for every service to be healthy; sends a Recommend and
 # `recpipe querygen --queries 200` (0 errors) from the host; checks that both ranking replicas served
 # Rank calls (their Prometheus counters), and that a second `up` does not retrain; `down -v`.
 # Where dockerd cannot start it says so and exits 0 (the only skip); anything else that fails, fails.
@@ -181,6 +182,16 @@ timeout 600 "${COMPOSE[@]}" up -d --no-build --quiet-pull >"$WORK/up.log" 2>&1 \
   || { cat "$WORK/up.log" >&2; fail "docker compose up"; }
 wait_healthy 300
 timed "up (healthy)" "$(since "$t")"
+
+# Every container as deploy/k8s runs its pods: user 10001, read-only root filesystem, no capabilities.
+for svc in init features retrieval ranking ranking-2 gateway; do
+  id=$("${COMPOSE[@]}" ps -a -q "$svc")
+  conf=$(docker inspect -f '{{.Config.User}} ro={{.HostConfig.ReadonlyRootfs}} drop={{.HostConfig.CapDrop}}' "$id")
+  [ "$conf" = "10001:10001 ro=true drop=[ALL]" ] || fail "$svc runs as '$conf', not '10001:10001 ro=true drop=[ALL]'"
+done
+[ "$("${COMPOSE[@]}" exec -T ranking id -u)" = 10001 ] || fail "ranking's process is not uid 10001"
+"${COMPOSE[@]}" exec -T ranking sh -c 'touch /app/x' 2>/dev/null && fail "ranking could write to its root filesystem"
+log "every container: uid 10001, read-only root filesystem, all capabilities dropped"
 
 t=$(date +%s)
 host_recpipe recommend --target 127.0.0.1:50051 --user-id 3 --num-results 5 >"$WORK/recommend.txt" \
