@@ -102,7 +102,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_connection_age_arguments(parser: argparse.ArgumentParser) -> None:
-    from recpipe.serving.server import (
+    from recpipe.serving.connection_age import (
         DEFAULT_MAX_CONNECTION_AGE_GRACE_S,
         DEFAULT_MAX_CONNECTION_AGE_S,
         MAX_CONNECTION_AGE_ENV,
@@ -121,7 +121,11 @@ def _add_connection_age_arguments(parser: argparse.ArgumentParser) -> None:
 def _export_connection_age(args: argparse.Namespace) -> None:
     """The flags win over the environment; they reach this process's server and every stage process
     ``--stage all`` starts through the environment (``ConnectionAge.from_env``), checked here first."""
-    from recpipe.serving.server import MAX_CONNECTION_AGE_ENV, MAX_CONNECTION_AGE_GRACE_ENV, ConnectionAge
+    from recpipe.serving.connection_age import (
+        MAX_CONNECTION_AGE_ENV,
+        MAX_CONNECTION_AGE_GRACE_ENV,
+        ConnectionAge,
+    )
 
     for env, value in ((MAX_CONNECTION_AGE_ENV, args.max_connection_age),
                        (MAX_CONNECTION_AGE_GRACE_ENV, args.max_connection_age_grace)):

@@ -18,9 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
-import os
-from dataclasses import dataclass
 
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -31,6 +28,7 @@ from recpipe.config import DEFAULT_HOST
 from recpipe.errors import UsageError
 from recpipe.serving import info
 from recpipe.serving.channels import MAX_MESSAGE_BYTES
+from recpipe.serving.connection_age import ConnectionAge
 from recpipe.serving.interceptor import ServingInterceptor
 from recpipe.serving.metrics import ServerMetrics
 from recpipe.serving.stage import Stage
@@ -50,52 +48,6 @@ SERVER_OPTIONS: tuple[tuple[str, object], ...] = (
 #: The health service name a liveness probe asks: SERVING while this process serves, NOT_SERVING once
 #: it stops; never follows readiness.
 LIVENESS_SERVICE = "recpipe.Liveness"
-
-#: Environment variables behind ``recpipe serve --max-connection-age/--max-connection-age-grace``.
-MAX_CONNECTION_AGE_ENV = "RECPIPE_MAX_CONNECTION_AGE"
-MAX_CONNECTION_AGE_GRACE_ENV = "RECPIPE_MAX_CONNECTION_AGE_GRACE"
-#: 30 s: a new replica gets traffic within about that long (gRPC adds +-10 % jitter). Shorter buys
-#: nothing: a client's DNS resolver waits at least 30 s between two resolutions
-#: (grpc.dns_min_time_between_resolutions_ms), so it would reconnect to the old addresses. A
-#: reconnect every 30 s per client and server is one TCP + HTTP/2 handshake: negligible.
-DEFAULT_MAX_CONNECTION_AGE_S = 30.0
-#: 10 s: longer than any Recommend deadline recpipe's clients set, so the connection is only closed
-#: under an RPC that has already outlived its caller.
-DEFAULT_MAX_CONNECTION_AGE_GRACE_S = 10.0
-
-
-@dataclass(frozen=True)
-class ConnectionAge:
-    """Close a client connection after ``max_age_s`` (0 = never) with ``grace_s`` for RPCs in flight."""
-
-    max_age_s: float = DEFAULT_MAX_CONNECTION_AGE_S
-    grace_s: float = DEFAULT_MAX_CONNECTION_AGE_GRACE_S
-
-    def __post_init__(self) -> None:
-        for flag, value in (("--max-connection-age", self.max_age_s), ("--max-connection-age-grace", self.grace_s)):
-            if not (math.isfinite(value) and value >= 0):
-                raise UsageError(f"{flag} must be a finite number of seconds >= 0, got {value}")
-
-    @classmethod
-    def from_env(cls) -> ConnectionAge:
-        """From ``$RECPIPE_MAX_CONNECTION_AGE`` and ``$RECPIPE_MAX_CONNECTION_AGE_GRACE`` (seconds), each
-        defaulting to the values above; ``UsageError`` for a value that is not a number."""
-        values = []
-        for env, default in ((MAX_CONNECTION_AGE_ENV, DEFAULT_MAX_CONNECTION_AGE_S),
-                             (MAX_CONNECTION_AGE_GRACE_ENV, DEFAULT_MAX_CONNECTION_AGE_GRACE_S)):
-            text = os.environ.get(env, "").strip()
-            try:
-                values.append(float(text) if text else default)
-            except ValueError:
-                raise UsageError(f"${env} must be a number of seconds, got {text!r}") from None
-        return cls(*values)
-
-    def options(self) -> list[tuple[str, object]]:
-        if self.max_age_s == 0:
-            return []
-        return [("grpc.max_connection_age_ms", max(1, round(self.max_age_s * 1000))),
-                ("grpc.max_connection_age_grace_ms", round(self.grace_s * 1000))]
-
 
 def build_server(
     stage: Stage,

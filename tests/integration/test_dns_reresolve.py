@@ -28,7 +28,8 @@ from dnslib.server import DNSLogger, DNSServer
 
 from recpipe.client import RecommendClient
 from recpipe.errors import RecpipeError
-from recpipe.serving.server import DEFAULT_MAX_CONNECTION_AGE_S, ConnectionAge, StageServer
+from recpipe.serving.connection_age import DEFAULT_MAX_CONNECTION_AGE_S, ConnectionAge
+from recpipe.serving.server import StageServer
 
 pytestmark = pytest.mark.slow
 

@@ -17,8 +17,9 @@ from toy_stages import ToyFeatureCore, ToyWorld
 
 from recpipe.features.servicer import FeatureStage
 from recpipe.gateway.servicer import GatewayStage
+from recpipe.serving.connection_age import ConnectionAge
 from recpipe.serving.inprocess import ServerThread
-from recpipe.serving.server import LIVENESS_SERVICE, ConnectionAge, StageServer
+from recpipe.serving.server import LIVENESS_SERVICE, StageServer
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING

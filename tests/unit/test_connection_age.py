@@ -10,7 +10,7 @@ import pytest
 from recpipe.cli import build_parser, main
 from recpipe.commands.serve import _export_connection_age
 from recpipe.errors import UsageError
-from recpipe.serving.server import (
+from recpipe.serving.connection_age import (
     DEFAULT_MAX_CONNECTION_AGE_GRACE_S,
     DEFAULT_MAX_CONNECTION_AGE_S,
     MAX_CONNECTION_AGE_ENV,

@@ -24,8 +24,9 @@ import yaml
 from recpipe.commands.serve import target_env
 from recpipe.config import DEFAULT_PORTS
 from recpipe.serving.config import METRICS_PORT_OFFSET
+from recpipe.serving.connection_age import MAX_CONNECTION_AGE_ENV, MAX_CONNECTION_AGE_GRACE_ENV
 from recpipe.serving.metrics import ServerMetrics
-from recpipe.serving.server import LIVENESS_SERVICE, MAX_CONNECTION_AGE_ENV, MAX_CONNECTION_AGE_GRACE_ENV
+from recpipe.serving.server import LIVENESS_SERVICE
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
