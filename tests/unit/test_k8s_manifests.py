@@ -173,6 +173,8 @@ def test_every_container_has_limits_and_the_restricted_security_context(objs: tu
         pod = spec["securityContext"]
         assert (pod["runAsNonRoot"], pod["runAsUser"], pod["runAsGroup"]) == (True, uid, gid), name
         assert pod["seccompProfile"] == {"type": "RuntimeDefault"}
+        # the init Job writes the volume as uid 10001; stage pods only read it (no recursive chown)
+        assert pod.get("fsGroup") == (gid if name == "recpipe-init" else None), name
         volumes = {v["name"]: v for v in spec["volumes"]}
         for c in [*spec.get("initContainers", []), *spec["containers"]]:
             assert c["image"].rsplit(":", 1)[-1] not in ("", "latest") and ":" in c["image"], c["image"]
