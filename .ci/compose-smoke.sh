@@ -10,7 +10,8 @@
 # replicas) at a small scale, every container as user 10001 with a read-only root filesystem and no
 # capabilities (checked); waits, bounded, for every service to be healthy; sends a Recommend and
 # `recpipe querygen --queries 200` (0 errors) from the host; checks that both ranking replicas served
-# Rank calls (their Prometheus counters), and that a second `up` does not retrain; `down -v`.
+# Rank calls (their Prometheus counters), and that a second `up` does not retrain; `down -v`; then
+# runs deploy/k8s/pod-check.py (the cpu overlay's pods as containers of the same image).
 # Where dockerd cannot start it says so and exits 0 (the only skip); anything else that fails, fails.
 #
 # Environment: RECPIPE_SMOKE_SCALE (dataset scale, default 0.02), RECPIPE_SMOKE_TRAIN_ARGS (default
@@ -237,6 +238,16 @@ t=$(date +%s)
 timeout 120 "${COMPOSE[@]}" down -v --remove-orphans >/dev/null 2>&1 || fail "down -v"
 STACK_UP=
 timed "down -v" "$(since "$t")"
+
+# deploy/k8s's cpu overlay, its pods as plain containers of the same image (deploy/k8s/pod-check.py:
+# the init Job, wait-for-init, the gRPC probes, a stage outage, a scale-up); needs the venv's kubectl.
+t=$(date +%s)
+if [ -n "$PY" ]; then
+  "$PY" deploy/k8s/pod-check.py || fail "deploy/k8s/pod-check.py"
+  timed "k8s pod check" "$(since "$t")"
+else
+  log "k8s pod check not run: it needs the project's venv (.venv with the dev extra)"
+fi
 timed "total" "$(since "$T0")"
 printf '  %s\n' "${TIMES[@]}"
 log "PASS"
