@@ -77,8 +77,13 @@ RUN if ! ldconfig -p | grep -q 'libgomp\.so\.1'; then \
      && apt-get install -y --no-install-recommends libgomp1 \
      && rm -rf /var/lib/apt/lists/*; \
     fi
-RUN useradd --create-home --uid 10001 recpipe \
- && mkdir -p /artifacts && chown recpipe:recpipe /artifacts
+# A fixed, numeric non-root user (10001:10001): Kubernetes' runAsNonRoot can only verify a numeric USER,
+# and deploy/k8s and docker-compose.yml run it with the same IDs. The image also runs with a read-only
+# root filesystem: it writes only to /artifacts (a volume) and /tmp (a tmpfs or emptyDir), and HOME
+# points there so no library's cache lands on the read-only root.
+RUN groupadd --gid 10001 recpipe \
+ && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /tmp recpipe \
+ && mkdir -p /artifacts && chown 10001:10001 /artifacts
 WORKDIR /app
 COPY --from=build /wheels /tmp/wheels
 RUN pip install --no-deps /tmp/wheels/*.whl \
@@ -86,9 +91,10 @@ RUN pip install --no-deps /tmp/wheels/*.whl \
  && python -c "import recpipe, torch, grpc, polars; print('recpipe', recpipe.__version__, 'torch', torch.__version__)"
 COPY loadtest /app/loadtest
 ENV PYTHONUNBUFFERED=1 \
+    HOME=/tmp \
     RECPIPE_VARIANT=${VARIANT} \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
-USER recpipe
+USER 10001:10001
 EXPOSE 50051 50052 50053 50054 8089
 # The services need --models/--data; docker-compose.yml gives each container its command.
 CMD ["recpipe", "--help"]

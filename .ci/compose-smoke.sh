@@ -7,9 +7,11 @@
 # one it started); builds the local base image (.ci/base-image.sh: no image registry is needed) and
 # the CPU image, with torch from a PEP 503 index served on 127.0.0.1 out of pip's local wheels; brings
 # the stack up with docker-compose.hostnet.yml (host networking, every address 127.0.0.1, two ranking
-# replicas) at a small scale; waits, bounded, for every service to be healthy; sends a Recommend and
+# replicas) at a small scale, every container as user 10001 with a read-only root filesystem and no
+# capabilities (checked); waits, bounded, for every service to be healthy; sends a Recommend and
 # `recpipe querygen --queries 200` (0 errors) from the host; checks that both ranking replicas served
-# Rank calls (their Prometheus counters), and that a second `up` does not retrain; `down -v`.
+# Rank calls (their Prometheus counters), and that a second `up` does not retrain; `down -v`; then
+# runs deploy/k8s/pod-check.py (the cpu overlay's pods as containers of the same image).
 # Where dockerd cannot start it says so and exits 0 (the only skip); anything else that fails, fails.
 #
 # Environment: RECPIPE_SMOKE_SCALE (dataset scale, default 0.02), RECPIPE_SMOKE_TRAIN_ARGS (default
@@ -182,6 +184,17 @@ timeout 600 "${COMPOSE[@]}" up -d --no-build --quiet-pull >"$WORK/up.log" 2>&1 \
 wait_healthy 300
 timed "up (healthy)" "$(since "$t")"
 
+# Every container as deploy/k8s runs its pods: user 10001, read-only root filesystem, no capabilities.
+for svc in init features retrieval ranking ranking-2 gateway; do
+  id=$("${COMPOSE[@]}" ps -a -q "$svc")
+  conf=$(docker inspect -f '{{.Config.User}} ro={{.HostConfig.ReadonlyRootfs}} drop={{.HostConfig.CapDrop}}' "$id")
+  [ "$conf" = "10001:10001 ro=true drop=[ALL]" ] || fail "$svc runs as '$conf', not '10001:10001 ro=true drop=[ALL]'"
+done
+[ "$("${COMPOSE[@]}" exec -T ranking id -u)" = 10001 ] || fail "ranking's process is not uid 10001"
+root_mount=$("${COMPOSE[@]}" exec -T ranking awk '$2 == "/" {split($4, o, ","); print o[1]}' /proc/mounts)
+[ "$root_mount" = ro ] || fail "ranking's root filesystem is mounted '$root_mount', not read-only"
+log "every container: uid 10001, read-only root filesystem, all capabilities dropped"
+
 t=$(date +%s)
 host_recpipe recommend --target 127.0.0.1:50051 --user-id 3 --num-results 5 >"$WORK/recommend.txt" \
   || { cat "$WORK/recommend.txt" >&2; fail "Recommend from the host"; }
@@ -225,6 +238,16 @@ t=$(date +%s)
 timeout 120 "${COMPOSE[@]}" down -v --remove-orphans >/dev/null 2>&1 || fail "down -v"
 STACK_UP=
 timed "down -v" "$(since "$t")"
+
+# deploy/k8s's cpu overlay, its pods as plain containers of the same image (deploy/k8s/pod-check.py:
+# the init Job, wait-for-init, the gRPC probes, a stage outage, a scale-up); needs the venv's kubectl.
+t=$(date +%s)
+if [ -n "$PY" ]; then
+  "$PY" deploy/k8s/pod-check.py || fail "deploy/k8s/pod-check.py"
+  timed "k8s pod check" "$(since "$t")"
+else
+  log "k8s pod check not run: it needs the project's venv (.venv with the dev extra)"
+fi
 timed "total" "$(since "$T0")"
 printf '  %s\n' "${TIMES[@]}"
 log "PASS"

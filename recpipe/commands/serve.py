@@ -62,6 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     BatchConfig.add_arguments(parser, seen)  # type: ignore[arg-type]
     stages.add_option_arguments(parser)
     parser.add_argument("--grace", type=float, default=5.0, help="seconds to drain in-flight requests on stop")
+    _add_connection_age_arguments(parser)
     parser.add_argument("--startup-timeout", type=float, default=600.0, help="--stage all: seconds to wait for SERVING")
     parser.add_argument("--unresponsive-timeout", type=_seconds, default=None, metavar="SECONDS",
                         help="--stage all: restart a stage whose health has not answered for this long "
@@ -76,6 +77,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _target_dest(stage: str) -> str:
     return f"target_{stage}"
+
+
+def _add_connection_age_arguments(parser: argparse.ArgumentParser) -> None:
+    from recpipe.serving.connection_age import (
+        DEFAULT_MAX_CONNECTION_AGE_GRACE_S,
+        DEFAULT_MAX_CONNECTION_AGE_S,
+        MAX_CONNECTION_AGE_ENV,
+        MAX_CONNECTION_AGE_GRACE_ENV,
+    )
+
+    age = parser.add_argument_group("connection age (clients re-resolve and find new replicas)")
+    age.add_argument("--max-connection-age", type=_seconds, default=None, metavar="SECONDS",
+                     help=f"close each client connection after this long, so clients re-resolve dns:/// names "
+                          f"(0 = never; default ${MAX_CONNECTION_AGE_ENV}, else {DEFAULT_MAX_CONNECTION_AGE_S:g})")
+    age.add_argument("--max-connection-age-grace", type=_seconds, default=None, metavar="SECONDS",
+                     help=f"RPCs in flight on such a connection get this long to finish (default "
+                          f"${MAX_CONNECTION_AGE_GRACE_ENV}, else {DEFAULT_MAX_CONNECTION_AGE_GRACE_S:g})")
+
+
+def _export_connection_age(args: argparse.Namespace) -> None:
+    """The flags win over the environment; they reach this process's server and every stage process
+    ``--stage all`` starts through the environment (``ConnectionAge.from_env``), checked here first."""
+    from recpipe.serving.connection_age import (
+        MAX_CONNECTION_AGE_ENV,
+        MAX_CONNECTION_AGE_GRACE_ENV,
+        ConnectionAge,
+    )
+
+    for env, value in ((MAX_CONNECTION_AGE_ENV, args.max_connection_age),
+                       (MAX_CONNECTION_AGE_GRACE_ENV, args.max_connection_age_grace)):
+        if value is not None:
+            os.environ[env] = repr(value)
+    ConnectionAge.from_env()
 
 
 def _seconds(text: str) -> float:
@@ -98,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
         from recpipe.serving import nvtx
 
         nvtx.check_available()
+    _export_connection_age(args)
     top = 65535 - max(s.port_offset for s in stages)
     if args.port is not None and not 0 <= args.port <= top:
         raise UsageError(f"--port must be in 0..{top}, got {args.port}")

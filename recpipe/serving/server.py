@@ -10,6 +10,14 @@ separate processes (the whole chain on one: ``recpipe.inprocess.start_chain``)::
 
     with ServerThread() as st:
         features = st.start(feature_stage)          # -> StageServer, loaded and SERVING
+
+Two kinds of health: ``""`` and the stage's service names are readiness (loaded; for the gateway, the
+whole chain ready); ``LIVENESS_SERVICE`` is SERVING from start until stop, whatever the stages behind
+say, so a liveness probe never restarts a gateway for a stage's outage (deploy/k8s probes it).
+
+Every server closes each client connection after ``ConnectionAge.max_age_s`` (gRPC's
+``max_connection_age``, with a grace for RPCs in flight): the client reconnects and re-resolves its
+``dns:///`` name, so a long-lived channel finds replicas added after it started (gRPC proposal A9).
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from recpipe.config import DEFAULT_HOST
 from recpipe.errors import UsageError
 from recpipe.serving import info
 from recpipe.serving.channels import MAX_MESSAGE_BYTES
+from recpipe.serving.connection_age import ConnectionAge
 from recpipe.serving.interceptor import ServingInterceptor
 from recpipe.serving.metrics import ServerMetrics
 from recpipe.serving.stage import Stage
@@ -49,6 +58,9 @@ SERVER_OPTIONS: tuple[tuple[str, object], ...] = (
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 )
 
+#: The health service name a liveness probe asks: SERVING while this process serves, NOT_SERVING once
+#: it stops; never follows readiness.
+LIVENESS_SERVICE = "recpipe.Liveness"
 
 def build_server(
     stage: Stage,
@@ -57,15 +69,17 @@ def build_server(
     port: int,
     health: HealthServicer,
     metrics: ServerMetrics,
+    connection_age: ConnectionAge | None = None,
 ) -> tuple[aio.Server, int]:
     """An unstarted server with ``stage``'s services, InfoService, health and reflection on host:port.
 
     Returns the server and the bound port (``port=0`` picks a free one). Raises ``UsageError`` when the
-    address cannot be bound.
+    address cannot be bound. ``connection_age`` None: ``ConnectionAge.from_env()``.
     """
+    age = ConnectionAge.from_env() if connection_age is None else connection_age
     server = aio.server(
         interceptors=[ServingInterceptor(metrics)],
-        options=list(SERVER_OPTIONS),
+        options=[*SERVER_OPTIONS, *age.options()],
     )
     stage.add_to_server(server)
     info_pb2_grpc.add_InfoServiceServicer_to_server(info.InfoServicer(stage.info), server)
@@ -112,14 +126,18 @@ class StageServer:
 
     @classmethod
     async def start(
-        cls, stage: Stage, *, host: str = DEFAULT_HOST, port: int = 0, metrics_port: int | None = None
+        cls, stage: Stage, *, host: str = DEFAULT_HOST, port: int = 0, metrics_port: int | None = None,
+        connection_age: ConnectionAge | None = None,
     ) -> StageServer:
-        """Start answering (health NOT_SERVING until ``load``); ``metrics_port`` None = no /metrics."""
+        """Start answering (health NOT_SERVING until ``load``, liveness SERVING); ``metrics_port`` None =
+        no /metrics; ``connection_age`` None = ``ConnectionAge.from_env()``."""
         health = HealthServicer()
         for name in ("", *stage.service_names):
             await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
         metrics = ServerMetrics(stage.name)
-        server, bound = build_server(stage, host=host, port=port, health=health, metrics=metrics)
+        server, bound = build_server(stage, host=host, port=port, health=health, metrics=metrics,
+                                     connection_age=connection_age)
         await server.start()
         mport = None
         if metrics_port is not None:
@@ -147,7 +165,8 @@ class StageServer:
             await self.health.set(name, status)
 
     async def stop(self, grace: float | None = 5.0) -> None:
-        """Report NOT_SERVING, refuse new RPCs, let in-flight ones finish within ``grace`` seconds."""
+        """Report NOT_SERVING (readiness and liveness, before anything else, so probes and balancers stop
+        sending), refuse new RPCs, let in-flight ones finish within ``grace`` seconds."""
         if self._stopped:
             return
         self._stopped = True

@@ -132,13 +132,20 @@ CASES: dict[str, tuple[str, str]] = {
     "docker compose --profile loadtest up -d locust": (SKIP, "Docker engine"),
     "docker compose down -v": (SKIP, "Docker engine"),
     "docker compose up -d --scale ranking=3 --scale features=2": (SKIP, "Docker engine"),
-    "docker compose restart gateway": (SKIP, "Docker engine"),
     "bash .ci/base-image.sh": (SKIP, "Docker engine; .ci/compose-smoke.sh runs it"),
     "docker build -t recpipe:cpu --network host --build-arg VARIANT=cpu --build-arg "
     "PYTHON_IMAGE=recpipe-python:3.11-bookworm --build-arg TORCH_INDEX_URL=http://127.0.0.1:8000/simple .":
         (SKIP, "Docker engine; .ci/compose-smoke.sh runs this build with its own index port"),
     "RECPIPE_VARIANT=cpu docker compose -f docker-compose.yml -f docker-compose.cpu.yml -f "
     "docker-compose.hostnet.yml up -d": (SKIP, "Docker engine; .ci/compose-smoke.sh runs it"),
+    "docker build -t recpipe:0.1.0-cpu --build-arg VARIANT=cpu .": (SKIP, "Docker engine and an image registry"),
+    "kubectl kustomize deploy/k8s/overlays/cpu":
+        (SKIP, "tests/unit/test_k8s_manifests.py and .ci/k8s-validate.sh run it for every overlay"),
+    "kubectl apply -k deploy/k8s/overlays/cpu": (SKIP, "needs a cluster; none here"),
+    "kubectl -n recpipe wait --for=condition=complete job/recpipe-init --timeout=30m": (SKIP, "needs a cluster"),
+    "kubectl -n recpipe rollout status deployment/gateway --timeout=10m": (SKIP, "needs a cluster"),
+    "kubectl -n recpipe port-forward service/recpipe-gateway 50051:50051": (SKIP, "needs a cluster"),
+    "kubectl -n recpipe scale deployment/ranking --replicas=3": (SKIP, "needs a cluster"),
 }
 
 def test_every_readme_command_has_a_case() -> None:
