@@ -1,17 +1,27 @@
 """Overload: the chain at its SLO rate, then at 3x that rate, then idle again; what is shed, how fast.
+With ``--kill STAGE`` / ``--freeze STAGE``: the outage of a crashed (SIGKILL) or frozen (SIGSTOP) stage.
 
 Starts the four stages as their own processes (or uses --target) and offers open-loop Poisson load
 (latency from the scheduled send time) in three phases: ``--rate`` for ``--base-s`` seconds (the
 reference), ``--factor`` x ``--rate`` for ``--overload-s`` seconds, then single queries every 50 ms
 for ``--recovery-s`` seconds. It reports the status codes of each phase, how fast refused queries were
 answered (RESOURCE_EXHAUSTED, from their send), the accepted queries' p99 against the reference p99,
-how long after the overload the latency was back to normal, and each stage process's RSS growth.
+how long after the overload the latency was back to normal, and each stage process's RSS growth. Of
+the overload it also reports the goodput (answers per second; against ``--sustained``, the rate the chain
+sustains within the deadline, if given), where the refusals came from (the gateway's door, or a stage
+after a hop or more) and how many admitted queries still ended in DEADLINE_EXCEEDED.
+
+``--kill``/``--freeze`` replace the phases: at ``--rate`` for ``--outage-s`` seconds, the stage process is
+killed (or stopped) two seconds in, while the supervisor does what ``recpipe serve`` does (restarts a
+dead or frozen stage). The outage is the time from the signal to the first answer after which every
+query is answered; it reports the codes meanwhile and how many queries waited out their whole deadline.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import time
 from collections import Counter
@@ -23,9 +33,13 @@ import numpy as np
 from recpipe.config import DEFAULT_DATA_DIR, DEFAULT_MODELS_DIR
 from recpipe.errors import UsageError
 from recpipe.gateway.spec import DEFAULT_MAX_IN_FLIGHT
+from recpipe.stages import REGISTRY
 
 #: The issue's targets.
 SHED_P99_MS = 5.0
+GOODPUT_SHARE = 0.8
+EXPIRED_SHARE = 0.01
+OUTAGE_S = {"kill": 1.5, "freeze": 5.0}
 ACCEPTED_P99_RATIO = 2.0
 RECOVERY_S = 2.0
 RSS_GROWTH_MB = 50.0
@@ -51,6 +65,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=1, help="stage --workers (1: core calls on a thread)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON here")
+    parser.add_argument("--sustained", type=float, default=None,
+                        help="the rate (q/s) the chain sustains with p99 within the deadline (from `recpipe "
+                             "querygen --slo-p99-ms`): the overload's goodput is compared with it")
+    fault = parser.add_mutually_exclusive_group()
+    fault.add_argument("--kill", metavar="STAGE", choices=REGISTRY.names,
+                       help="instead of the overload: SIGKILL this stage at --rate and measure the outage")
+    fault.add_argument("--freeze", metavar="STAGE", choices=REGISTRY.names,
+                       help="instead of the overload: SIGSTOP this stage at --rate and measure the outage")
+    parser.add_argument("--warm-standby", action=argparse.BooleanOptionalAction, default=True,
+                        help="--kill/--freeze: the supervisor keeps a loaded standby per stage, as `recpipe serve` "
+                             "does by default (default on)")
+    parser.add_argument("--outage-s", type=float, default=12.0, help="--kill/--freeze: seconds of load (default %(default)s)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,7 +85,10 @@ def run(args: argparse.Namespace) -> int:
     from recpipe.config import DEFAULT_HOST
     from recpipe.serving.launch import allocate_ports, supervised_stages
     from recpipe.serving.supervisor import Supervisor
-    from recpipe.stages import REGISTRY
+
+    fault = ("kill", args.kill) if args.kill else ("freeze", args.freeze) if args.freeze else None
+    if fault is not None and args.target is not None:
+        raise UsageError(f"--{fault[0]} needs the stages this bench starts (not --target)")
 
     supervisor = None
     target = args.target
@@ -73,21 +102,112 @@ def run(args: argparse.Namespace) -> int:
         stages = supervised_stages(REGISTRY, models=args.models, data=args.data, host=DEFAULT_HOST, ports=ports,
                                    metrics=metrics, device=args.device, threads=args.threads,
                                    workers=args.workers, extra=extra)
-        supervisor = Supervisor(stages)
+        supervisor = Supervisor(stages, standby=fault is not None and args.warm_standby)
         supervisor.start()
         target = supervisor.addresses()[REGISTRY.entry.name]
     try:
-        pids = {} if supervisor is None else {s: supervisor.pid(s) for s in supervisor.addresses()}
-        report = asyncio.run(_phases(args, target, pids))
+        if fault is not None:
+            assert supervisor is not None
+            report = _outage(args, target, supervisor, *fault)
+        else:
+            pids = {} if supervisor is None else {s: supervisor.pid(s) for s in supervisor.addresses()}
+            report = asyncio.run(_phases(args, target, pids))
     finally:
         if supervisor is not None:
             supervisor.stop()
-    _print(args, report)
+    (_print_outage if fault is not None else _print)(args, report)
     if args.out is not None:
         tmp = args.out.with_name(args.out.name + ".tmp")
         tmp.write_text(json.dumps(report, indent=2) + "\n")
         tmp.replace(args.out)
     return 0
+
+
+#: A RESOURCE_EXHAUSTED that a stage gave after one hop or more, rather than the gateway at its door.
+REFUSED_AFTER_HOPS = "RESOURCE_EXHAUSTED after hops"
+
+
+def _outage(args: argparse.Namespace, target: str, supervisor: Any, how: str, stage: str) -> dict[str, Any]:
+    """Load at ``--rate`` while ``stage`` is killed or frozen two seconds in, the supervisor watching."""
+    import os
+    import signal
+    import threading
+
+    if supervisor.standby and not supervisor.wait_standbys():
+        raise UsageError("the stages' warm standbys did not load within 120 s")
+    stop = threading.Event()
+    watcher = threading.Thread(target=supervisor.run, args=(stop, 0.1), name="supervisor", daemon=True)
+    watcher.start()
+    pid = supervisor.pid(stage)
+    fault_at = 2.0
+
+    async def load() -> list[tuple[float, str, float]]:
+        from recpipe.querygen.clients import connect, get_info
+        from recpipe.v1 import recommend_pb2, recommend_pb2_grpc
+
+        channel = await connect(target, 30.0)
+        info = await get_info(channel) or {}
+        num_users = int(info.get("details", {}).get("num_users", 0) or 1000)
+        stub = recommend_pb2_grpc.RecommendServiceStub(channel)
+        rng = np.random.default_rng(args.seed)
+        rows: list[tuple[float, str, float]] = []  # (sent, from the fault; code; seconds taken)
+        import grpc
+
+        async def one(sent: float) -> None:
+            request = recommend_pb2.RecommendRequest(user_id=int(rng.integers(num_users)),
+                                                     num_candidates=args.num_candidates)
+            t = time.perf_counter()
+            try:
+                await stub.Recommend(request, timeout=args.timeout)
+                code = "OK"
+            except grpc.aio.AioRpcError as e:
+                code = e.code().name
+            rows.append((sent, code, time.perf_counter() - t))
+
+        start = time.perf_counter()
+        gaps = rng.exponential(1.0 / args.rate, size=int(args.rate * args.outage_s * 1.5) + 10)
+        tasks, faulted = [], False
+        for t in np.cumsum(gaps):
+            if t > args.outage_s:
+                break
+            while (left := start + float(t) - time.perf_counter()) > 0:
+                await asyncio.sleep(left)
+            if not faulted and t >= fault_at:
+                os.kill(pid, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+                faulted = True
+            tasks.append(asyncio.create_task(one(float(t) - fault_at)))
+        await asyncio.gather(*tasks)
+        await channel.close(None)
+        return rows
+
+    try:
+        rows = asyncio.run(load())
+    finally:
+        stop.set()
+        watcher.join(timeout=60)
+        if how == "freeze":
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)  # if the supervisor did not replace it
+    after = sorted((r for r in rows if r[0] >= 0), key=lambda r: r[0])
+    last_bad = max((sent for sent, code, _ in after if code != "OK"), default=None)
+    back = next((sent for sent, code, _ in after if code == "OK" and last_bad is not None and sent > last_bad), None)
+    waited = sum(1 for sent, code, took in after if code == "DEADLINE_EXCEEDED" and took >= 0.9 * args.timeout)
+    return {"target": target, "rate": args.rate, "timeout_s": args.timeout, "fault": how, "stage": stage,
+            "queries": len(rows), "codes_after_fault": dict(Counter(code for _, code, _ in after)),
+            "outage_s": None if last_bad is None else (back if back is not None else float("inf")),
+            "waited_out_deadline": waited, "restarted": supervisor.pid(stage) != pid}
+
+
+def _print_outage(args: argparse.Namespace, r: dict[str, Any]) -> None:
+    limit = OUTAGE_S[r["fault"]]
+    outage = r["outage_s"]
+    shown = "no error at all" if outage is None else f"{outage:.2f} s"
+    mark = "ok" if (outage is not None and outage <= limit) or outage is None else "MISS"
+    print(f"recpipe bench overload --{r['fault']} {r['stage']}: {args.rate:g} q/s for {args.outage_s:g} s, the stage "
+          f"{'killed' if r['fault'] == 'kill' else 'stopped'} 2 s in; deadline {args.timeout * 1e3:.0f} ms")
+    print(f"  outage          : {shown} from the signal to the first answer after which all are answered "
+          f"(target <= {limit:g} s: {mark}); restarted: {'yes' if r['restarted'] else 'no'}")
+    print(f"  after the fault : {r['codes_after_fault']}; {r['waited_out_deadline']} waited out their whole deadline")
 
 
 def _rss_mb(pid: int | None) -> float | None:
@@ -123,6 +243,8 @@ async def _phases(args: argparse.Namespace, target: str, pids: dict[str, int | N
             code = "OK"
         except grpc.aio.AioRpcError as e:
             code = e.code().name
+            if code == "RESOURCE_EXHAUSTED" and not (e.details() or "").startswith(f"{REGISTRY.entry.name}:"):
+                code = REFUSED_AFTER_HOPS
         done = time.perf_counter()
         results.append((code, done - due, done - sent))
 
@@ -170,13 +292,20 @@ async def _phases(args: argparse.Namespace, target: str, pids: dict[str, int | N
     for t, code, lat in probes:
         if code != "OK" or lat * 1e3 > normal_ms:
             recovered_at = t + 0.05
-    shed = [r[2] * 1e3 for r in over if r[0] == "RESOURCE_EXHAUSTED"]
+    shed = [r[2] * 1e3 for r in over if r[0] in ("RESOURCE_EXHAUSTED", REFUSED_AFTER_HOPS)]
+    codes = Counter(r[0] for r in over)
+    seconds = over_end - over_start
+    admitted = codes["OK"] + codes["DEADLINE_EXCEEDED"]
     return {
         "target": target, "rate": args.rate, "factor": args.factor, "timeout_s": args.timeout,
         "num_candidates": args.num_candidates, "overload_s": round(over_end - over_start, 2),
         "base": {"queries": len(base), "codes": dict(Counter(r[0] for r in base)), "p50_ms": base_p50,
                  "p99_ms": base_p99},
-        "overload": {"queries": len(over), "codes": dict(Counter(r[0] for r in over)),
+        "overload": {"queries": len(over), "codes": dict(codes),
+                     "goodput_qps": codes["OK"] / seconds if seconds > 0 else float("nan"),
+                     "sustained_qps": args.sustained,
+                     "refused_at_door": codes["RESOURCE_EXHAUSTED"], "refused_after_hops": codes[REFUSED_AFTER_HOPS],
+                     "admitted_expired_share": codes["DEADLINE_EXCEEDED"] / admitted if admitted else None,
                      "accepted_p50_ms": ok_ms(over, 50), "accepted_p99_ms": ok_ms(over, 99),
                      "shed_p50_ms": float(np.percentile(shed, 50)) if shed else None,
                      "shed_p99_ms": float(np.percentile(shed, 99)) if shed else None},
@@ -195,6 +324,17 @@ def _print(args: argparse.Namespace, r: dict[str, Any]) -> None:
     print(f"  overload        : {o['queries']} queries {o['codes']}")
     internal = o["codes"].get("INTERNAL", 0) + o["codes"].get("UNKNOWN", 0)
     print(f"    INTERNAL/UNKNOWN: {internal} ({'ok' if internal == 0 else 'MISS'})")
+    goodput = f"    goodput {o['goodput_qps']:.1f} answers/s"
+    if o["sustained_qps"]:
+        share = o["goodput_qps"] / o["sustained_qps"]
+        goodput += (f" = {share:.2f}x the {o['sustained_qps']:g} q/s sustained within the deadline (target >= "
+                    f"{GOODPUT_SHARE:g}: {'ok' if share >= GOODPUT_SHARE else 'MISS'})")
+    print(goodput)
+    expired = o["admitted_expired_share"]
+    if expired is not None:
+        print(f"    refused at the door {o['refused_at_door']}, after hops {o['refused_after_hops']}; admitted then "
+              f"DEADLINE_EXCEEDED {expired:.1%} (target <= {EXPIRED_SHARE:.0%}: "
+              f"{'ok' if expired <= EXPIRED_SHARE else 'MISS'})")
     if o["shed_p50_ms"] is not None:
         mark = "ok" if o["shed_p99_ms"] <= SHED_P99_MS else "MISS"
         print(f"    shed (RESOURCE_EXHAUSTED) answered in p50 {o['shed_p50_ms']:.2f} ms, p99 {o['shed_p99_ms']:.2f} ms "

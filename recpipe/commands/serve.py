@@ -64,6 +64,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grace", type=float, default=5.0, help="seconds to drain in-flight requests on stop")
     _add_connection_age_arguments(parser)
     parser.add_argument("--startup-timeout", type=float, default=600.0, help="--stage all: seconds to wait for SERVING")
+    parser.add_argument("--warm-standby", action=argparse.BooleanOptionalAction, default=True,
+                        help="--stage all: keep a loaded standby process per stage, so a stage that dies or "
+                             "freezes is replaced in milliseconds instead of seconds (default on; costs each "
+                             "stage's memory twice)")
+    parser.add_argument("--standby", action="store_true", help=argparse.SUPPRESS)  # what the supervisor passes
     parser.add_argument("--unresponsive-timeout", type=_seconds, default=None, metavar="SECONDS",
                         help="--stage all: restart a stage whose health has not answered for this long "
                              f"(default {DEFAULT_UNRESPONSIVE_S:g}; 0 = never)")
@@ -176,7 +181,8 @@ def stage_config(args: argparse.Namespace, stage: str, port: int, metrics_port: 
     assert isinstance(options, StageOptions)
     return StageConfig(stage=stage, models_dir=args.models, data_dir=args.data, host=args.host, port=port,
                        metrics_port=metrics_port, device=args.device, threads=args.threads or 0, workers=args.workers,
-                       grace_s=args.grace, targets=targets, batch=batch, nvtx=args.nvtx, options=options)
+                       grace_s=args.grace, targets=targets, batch=batch, nvtx=args.nvtx, options=options,
+                       standby=args.standby)
 
 
 def _refuse_foreign_targets(args: argparse.Namespace, stages: Registry, stage: str | None) -> None:
@@ -210,7 +216,7 @@ def _run_all(args: argparse.Namespace, stages: Registry, batch: BatchConfig, opt
     )
     unresponsive = DEFAULT_UNRESPONSIVE_S if args.unresponsive_timeout is None else args.unresponsive_timeout
     supervisor = Supervisor(processes, startup_timeout_s=args.startup_timeout, grace_s=args.grace,
-                            unresponsive_s=unresponsive)
+                            unresponsive_s=unresponsive, standby=args.warm_standby)
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

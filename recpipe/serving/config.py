@@ -31,7 +31,8 @@ class StageConfig:
     loop, N > 0 on a pool of N threads (batched calls always run on the batcher's own thread).
     ``batch`` sets the dynamic batcher of the batched methods (None: the stage's declared default);
     ``targets`` maps each stage this one calls (its spec's ``upstream``) to a gRPC target; ``nvtx``
-    marks each request step with an NVTX range; ``options`` are the stage's own settings.
+    marks each request step with an NVTX range; ``options`` are the stage's own settings; ``standby``:
+    load, then wait to be activated before taking the port (``recpipe.serving.runner``).
     """
 
     stage: str
@@ -48,6 +49,7 @@ class StageConfig:
     batch: BatchConfig | None = None
     nvtx: bool = False
     options: StageOptions = field(default_factory=StageOptions)
+    standby: bool = False
 
     def __post_init__(self) -> None:
         for name, value in (("port", self.port), ("metrics-port", self.metrics_port or 0)):

@@ -3,6 +3,11 @@
 This is what ``recpipe serve --stage NAME`` runs, and what the supervisor starts once per stage. When a
 supervisor started the process (``RECPIPE_SUPERVISOR_PID`` set) it also stops by itself if that
 supervisor disappears, so a killed supervisor leaves no orphan servers behind.
+
+A *warm standby* (``cfg.standby``) does all the slow work first (imports, artifacts, the stage's
+``load``) without taking the port, then waits for SIGUSR1: the supervisor sends it when the stage's
+serving process dies or freezes, and the standby binds the port and reports SERVING in milliseconds,
+instead of a new process spending seconds on imports and loading while the chain is down.
 """
 
 from __future__ import annotations
@@ -23,19 +28,26 @@ log = logging.getLogger(__name__)
 SUPERVISOR_ENV = "RECPIPE_SUPERVISOR_PID"
 #: The line a stage prints once it reports SERVING (the supervisor relies on health, not on this).
 READY_PREFIX = "recpipe-stage-ready"
+#: The signal that turns a warm standby into the serving process, and the environment variable naming
+#: the pipe on which the standby tells its supervisor it has loaded (only then may it be signalled).
+ACTIVATE = signal.SIGUSR1
+STANDBY_FD_ENV = "RECPIPE_STANDBY_FD"
 
 
 async def serve(cfg: StageConfig, stage: Stage) -> None:
     """Serve ``stage`` (built from ``cfg`` by ``recpipe.stages.build_stage``) until SIGINT/SIGTERM (or
     the supervisor's death), then drain and stop."""
-    server = await StageServer.start(stage, host=cfg.host, port=cfg.port, metrics_port=cfg.metrics_port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    if cfg.standby and not await _standby(stage, stop):
+        await stage.close()
+        return
+    server = await StageServer.start(stage, host=cfg.host, port=cfg.port, metrics_port=cfg.metrics_port)
     watchdog = asyncio.create_task(_watch_supervisor(stop))
     try:
-        loading = asyncio.create_task(server.load())
+        loading = asyncio.create_task(server.load(loaded=cfg.standby))
         stopping = asyncio.create_task(stop.wait())
         await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
         if loading.done():
@@ -51,6 +63,29 @@ async def serve(cfg: StageConfig, stage: Stage) -> None:
         await server.stop(cfg.grace_s)
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+
+
+async def _standby(stage: Stage, stop: asyncio.Event) -> bool:
+    """Load ``stage`` and wait for ``ACTIVATE``; False if told to stop (or orphaned) first."""
+    activate = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(ACTIVATE, activate.set)
+    watchdog = asyncio.create_task(_watch_supervisor(stop))
+    try:
+        await stage.load()
+        log.info("%s: warm standby loaded, waiting", stage.name)
+        fd = os.environ.get(STANDBY_FD_ENV)
+        if fd:
+            os.write(int(fd), b"1")
+            os.close(int(fd))
+        waits = {asyncio.create_task(activate.wait()), asyncio.create_task(stop.wait())}
+        _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+        return activate.is_set() and not stop.is_set()
+    finally:
+        watchdog.cancel()
+        loop.remove_signal_handler(ACTIVATE)
 
 
 async def _watch_supervisor(stop: asyncio.Event) -> None:

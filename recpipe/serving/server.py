@@ -148,10 +148,12 @@ class StageServer:
                 raise UsageError(f"{stage.name}: cannot serve metrics on {host}:{metrics_port}: {e}") from e
         return cls(stage, server, host, bound, health, metrics, mport)
 
-    async def load(self) -> None:
-        """Load the stage's state, then report SERVING (or, for a stage with a readiness watch such as
-        the gateway, whatever the watch reports from then on)."""
-        await self.stage.load()
+    async def load(self, *, loaded: bool = False) -> None:
+        """Load the stage's state (unless ``loaded``: a warm standby loaded it before it took the port),
+        then report SERVING (or, for a stage with a readiness watch such as the gateway, whatever the
+        watch reports from then on)."""
+        if not loaded:
+            await self.stage.load()
         watch = self.stage.readiness()
         if watch is None:
             await self._report(True)

@@ -9,6 +9,10 @@ SIGSTOP, a hung event loop) is logged, killed with SIGKILL and restarted the sam
 answer a stage is still starting, which ``startup_timeout_s`` bounds instead. ``stop()`` sends
 SIGTERM to every stage, which drains in-flight requests, and SIGKILLs what is still there after the
 grace period.
+
+With ``standby``, once the stages are SERVING each also gets a warm standby process (loaded, not
+bound: ``recpipe.serving.runner``): a restart then activates it, which takes milliseconds where a new
+process spends seconds on imports and artifacts, and a new standby is started behind it.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -30,7 +35,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from recpipe.errors import RecpipeError
 from recpipe.serving.channels import make_blocking_channel
 from recpipe.serving.config import DEFAULT_UNRESPONSIVE_S
-from recpipe.serving.runner import SUPERVISOR_ENV
+from recpipe.serving.runner import ACTIVATE, STANDBY_FD_ENV, SUPERVISOR_ENV
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +57,11 @@ class StageProcess:
     argv: tuple[str, ...]
     metrics_port: int | None = None
 
+    @property
+    def standby_argv(self) -> tuple[str, ...]:
+        """The command line of its warm standby (``recpipe serve --stage NAME ... --standby``)."""
+        return (*self.argv, "--standby")
+
 
 @dataclass
 class _Child:
@@ -65,6 +75,11 @@ class _Child:
     #: When its health service last answered (any status); None until the first answer.
     answered_at: float | None = None
     channel: grpc.Channel | None = field(default=None, repr=False)
+    #: A process loading or loaded to take over (``Supervisor(standby=True)``), and the read end of the
+    #: pipe on which it says it has loaded.
+    standby: subprocess.Popen[bytes] | None = None
+    standby_ready: int | None = None
+    standby_loaded: bool = False
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -86,8 +101,9 @@ def health_status(channel: grpc.Channel, timeout: float = 1.0) -> str:
 
 class Supervisor:
     def __init__(self, stages: Sequence[StageProcess], *, startup_timeout_s: float = 600.0, grace_s: float = 5.0,
-                 unresponsive_s: float = DEFAULT_UNRESPONSIVE_S):
+                 unresponsive_s: float = DEFAULT_UNRESPONSIVE_S, standby: bool = False):
         self.children = {s.name: _Child(s) for s in stages}
+        self.standby = standby
         self.startup_timeout_s = startup_timeout_s
         self.grace_s = grace_s
         self.unresponsive_s = unresponsive_s
@@ -110,6 +126,9 @@ class Supervisor:
         except BaseException:
             self.stop()
             raise
+        if self.standby:
+            for child in self.children.values():
+                self._spawn_standby(child)
 
     def wait_serving(self, names: Sequence[str] | None = None, *, timeout_s: float = 60.0,
                      during_startup: bool = False, stop: threading.Event | None = None) -> None:
@@ -162,7 +181,8 @@ class Supervisor:
                     code = proc.returncode if proc is not None else None
                     lived = now - child.started_at
                     child.quick_failures = child.quick_failures + 1 if lived < STABLE_AFTER_S else 0
-                    delay = 0.0 if child.quick_failures == 0 else min(MAX_BACKOFF_S, 0.5 * 2 ** child.quick_failures)
+                    # one crash restarts at once; a stage that keeps dying right after start backs off
+                    delay = 0.0 if child.quick_failures <= 1 else min(MAX_BACKOFF_S, 0.5 * 2 ** (child.quick_failures - 1))
                     child.restart_at = now + delay
                     child.serving = False
                     log.warning(
@@ -172,9 +192,15 @@ class Supervisor:
                 if now >= child.restart_at:
                     child.restart_at = None
                     child.restarts += 1
-                    self._spawn(child)
-                    log.warning("stage %s restarted (pid %s, restart #%d)",
-                                child.spec.name, child.proc.pid if child.proc else "-", child.restarts)
+                    if self._activate_standby(child):
+                        how = "from its warm standby"
+                    else:
+                        self._spawn(child)
+                        how = "as a new process"
+                    log.warning("stage %s restarted %s (pid %s, restart #%d)", child.spec.name, how,
+                                child.proc.pid if child.proc else "-", child.restarts)
+                    if self.standby:
+                        self._spawn_standby(child)
                     spawned.append(child.spec.name)
         return spawned
 
@@ -182,7 +208,7 @@ class Supervisor:
         """SIGTERM every stage (they drain in-flight requests), SIGKILL stragglers after the grace."""
         with self._lock:
             self._stopping = True
-        procs = [c.proc for c in self.children.values() if c.proc is not None and c.proc.poll() is None]
+        procs = [p for c in self.children.values() for p in (c.proc, c.standby) if p is not None and p.poll() is None]
         for proc in procs:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
@@ -219,6 +245,60 @@ class Supervisor:
         child.started_at = time.monotonic()
         child.serving = False
         child.answered_at = None
+
+    def _spawn_standby(self, child: _Child) -> None:
+        read, write = os.pipe()
+        env = {**os.environ, SUPERVISOR_ENV: str(os.getpid()), STANDBY_FD_ENV: str(write)}
+        try:
+            child.standby = subprocess.Popen(list(child.spec.standby_argv), env=env, start_new_session=True,
+                                             stdout=STDERR_FD, pass_fds=(write,))
+        finally:
+            os.close(write)
+        child.standby_ready = read
+        child.standby_loaded = False
+
+    def _standby_loaded(self, child: _Child) -> bool:
+        """Whether ``child``'s standby has said it loaded (read once from its pipe, without waiting)."""
+        ready = child.standby_ready
+        if not child.standby_loaded and ready is not None and select.select([ready], [], [], 0)[0]:
+            child.standby_loaded = os.read(ready, 1) == b"1"
+            os.close(ready)
+            child.standby_ready = None
+        return child.standby_loaded
+
+    def wait_standbys(self, timeout_s: float = 120.0) -> bool:
+        """Block until every stage's standby has loaded (False after ``timeout_s``); for benchmarks."""
+        deadline = time.monotonic() + timeout_s
+        while not all(self._standby_loaded(c) for c in self.children.values()):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def _activate_standby(self, child: _Child) -> bool:
+        """Make ``child``'s standby its serving process, if it is alive and has loaded; else end it and
+        return False (a standby still loading would die of the signal, or keep the chain waiting)."""
+        loaded = self._standby_loaded(child)
+        standby, ready = child.standby, child.standby_ready
+        child.standby, child.standby_ready, child.standby_loaded = None, None, False
+        if ready is not None:
+            os.close(ready)
+        if standby is None:
+            return False
+        if not loaded or standby.poll() is not None:
+            with contextlib.suppress(ProcessLookupError):
+                standby.kill()
+            standby.wait()
+            return False
+        try:
+            os.kill(standby.pid, ACTIVATE)
+        except ProcessLookupError:
+            return False
+        child.proc = standby
+        child.started_at = time.monotonic()
+        child.serving = False
+        child.answered_at = None
+        return True
 
     def _probe(self) -> None:
         """Ask every live stage's health at once: note SERVING, note that it answered at all, and kill

@@ -66,3 +66,82 @@ def test_serve_runs_a_registry_of_toy_stages(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _stage_pids(supervisor_pid: int, stage: str) -> set[int]:
+    """The supervisor's children running ``--stage STAGE`` (the serving process and its standby)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if int(stat[1]) == supervisor_pid and b"--stage" in argv and argv[argv.index(b"--stage") + 1] == stage.encode():
+            found.add(int(entry.name))
+    return found
+
+
+@pytest.mark.slow
+def test_a_killed_stage_is_replaced_by_its_warm_standby(tmp_path: Path) -> None:
+    """``recpipe serve`` keeps a loaded standby per stage; when the serving process dies, the standby
+    (already running before the kill) takes the port, and a new standby is started behind it."""
+    import time
+
+    base = free_port_block(2)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "recpipe", "--log-level", "INFO", "serve", "--models", str(tmp_path), "--data",
+         str(tmp_path), "--port", str(base), "--metrics-port", "-1", "--grace", "1"],
+        env=toy_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        lines = Lines(proc.stdout)
+        lines.until(lambda line: line.startswith("recpipe serving (2 stages"), timeout=120)
+        if not any("toy: warm standby loaded" in line for line in lines.seen):  # it may come before or after
+            lines.until(lambda line: "toy: warm standby loaded" in line, timeout=60)
+        address = f"127.0.0.1:{base + 1}"
+        deadline = time.monotonic() + 60
+        while len(pids := _stage_pids(proc.pid, "toy")) < 2:  # the serving process and its standby
+            assert time.monotonic() < deadline, pids
+            time.sleep(0.1)
+        listening = next(p for p in pids if f"{base + 1:04X}" in _listen_ports(p))
+        standby = (pids - {listening}).pop()
+        os.kill(listening, signal.SIGKILL)
+        lines.until(lambda line: "stage toy restarted from its warm standby" in line, timeout=60)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with RecommendClient(address, timeout=5) as client:
+                    assert client.info().stage == "toy"
+                break
+            except Exception:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        assert f"{base + 1:04X}" in _listen_ports(standby)  # the old standby now serves the port
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _listen_ports(pid: int) -> str:
+    """The hex ports of the listening TCP sockets in ``pid``'s network namespace, for the sockets it owns."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    out = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            cols = line.split()
+            if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
+                out.append(cols[1].rsplit(":", 1)[1])
+    return " ".join(out)
