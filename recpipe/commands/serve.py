@@ -166,6 +166,8 @@ def _run_one(args: argparse.Namespace, stages: Registry, batch: BatchConfig, opt
     from recpipe.serving import launch, runner
 
     spec = stages.get(args.stage)
+    if spec.nice:
+        os.nice(spec.nice)  # this process is the stage's own
     port = DEFAULT_PORT + spec.port_offset if args.port is None else args.port
     cfg = stage_config(args, spec.name, port, launch.metrics_port(args.metrics_port, port, 0),
                        upstream_targets(args, stages, spec.name), batch, options[spec.name])

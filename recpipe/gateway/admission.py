@@ -32,7 +32,7 @@ from recpipe.errors import Overloaded
 WINDOW_S = 1.0
 MIN_COMPLETIONS = 10
 #: A call is admitted when its deadline covers this many times the time it is expected to take.
-HEADROOM = 1.5
+HEADROOM = 2.0
 
 
 class Admission:

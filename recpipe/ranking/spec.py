@@ -8,7 +8,7 @@ from recpipe.accel.options import CudaGraphOptions
 from recpipe.errors import UsageError
 from recpipe.serving.config import StageConfig
 from recpipe.serving.options import option
-from recpipe.serving.spec import StageSpec
+from recpipe.serving.spec import COMPUTE_NICE, StageSpec
 from recpipe.serving.stage import Stage
 
 #: Where the DLRM tables live on a CUDA device: device memory, or pinned host memory read in place.
@@ -51,5 +51,5 @@ def build(cfg: StageConfig) -> Stage:
     return RankingStage.over(lambda: RankingCore.load(cfg.models_dir, device=cfg.device, **asdict(opts)), cfg)
 
 
-SPEC = StageSpec("ranking", port_offset=3, build=build, cost=4.7, options=RankingOptions, threads=("torch",),
+SPEC = StageSpec("ranking", port_offset=3, build=build, cost=4.7, nice=COMPUTE_NICE, options=RankingOptions, threads=("torch",),
                  description="DLRM over the candidates")

@@ -8,7 +8,7 @@ from recpipe.accel.options import CudaGraphOptions
 from recpipe.errors import UsageError
 from recpipe.serving.config import StageConfig
 from recpipe.serving.options import option
-from recpipe.serving.spec import StageSpec
+from recpipe.serving.spec import COMPUTE_NICE, StageSpec
 from recpipe.serving.stage import Stage
 
 #: The exact scan's precision (auto = fp16 on a CUDA device, the FAISS index on the CPU).
@@ -46,5 +46,5 @@ def build(cfg: StageConfig) -> Stage:
     return RetrievalStage.over(lambda: RetrievalCore.load(cfg.models_dir, device=cfg.device, **asdict(opts)), cfg)
 
 
-SPEC = StageSpec("retrieval", port_offset=2, build=build, cost=1.7, options=RetrievalOptions, threads=("torch", "faiss"),
+SPEC = StageSpec("retrieval", port_offset=2, build=build, cost=1.7, nice=COMPUTE_NICE, options=RetrievalOptions, threads=("torch", "faiss"),
                  description="user tower -> query embedding -> FAISS / exact top-k")

@@ -23,6 +23,10 @@ from recpipe.serving.config import StageConfig
 from recpipe.serving.options import StageOptions
 from recpipe.serving.stage import Stage
 
+#: The niceness of a stage that computes: under saturation the CPU goes to the entry stage first (its
+#: weight is about 3x a nice-5 stage's), so admission and refusals stay prompt.
+COMPUTE_NICE = 5
+
 
 @dataclass(frozen=True)
 class StageSpec:
@@ -31,7 +35,9 @@ class StageSpec:
     ``port_offset``: its default gRPC port is the gateway's base port plus this (the entry stage has
     0). ``threads``: the compute libraries ``--threads`` sizes for it ("torch", "faiss", "polars"),
     before ``build`` imports them; ``cost``: its CPU time per query relative to the other stages
-    (measured, BENCHMARKS.md), by which ``--threads auto`` shares the cores out. ``upstream``: the stages it calls, each reached through a target
+    (measured, BENCHMARKS.md), by which ``--threads auto`` shares the cores out; ``nice``: the CPU
+    scheduling niceness its own process takes (``recpipe serve --stage NAME``) (a compute stage yields the CPU to the entry stage, whose
+    refusals must stay immediate when the machine is saturated). ``upstream``: the stages it calls, each reached through a target
     (``--NAME`` flag, ``$RECPIPE_NAME_TARGET``). ``build(cfg)`` makes the ``Stage`` from a
     ``StageConfig`` whose ``options`` is an instance of ``options``; it imports the stage's heavy
     modules, so it runs only once the thread settings are applied.
@@ -44,6 +50,7 @@ class StageSpec:
     batching: BatchConfig = field(default_factory=BatchConfig)
     threads: tuple[str, ...] = ()
     cost: float = 0.0
+    nice: int = 0
     upstream: tuple[str, ...] = ()
     description: str = ""
 
