@@ -32,7 +32,7 @@ import numpy as np
 
 from recpipe.config import DEFAULT_DATA_DIR, DEFAULT_MODELS_DIR
 from recpipe.errors import UsageError
-from recpipe.gateway.spec import DEFAULT_MAX_IN_FLIGHT
+from recpipe.gateway.options import DEFAULT_MAX_IN_FLIGHT
 from recpipe.stages import REGISTRY
 
 #: The issue's targets.

@@ -22,7 +22,7 @@ from recpipe.config import (
     DEFAULT_NUM_CANDIDATES,
 )
 from recpipe.errors import UsageError
-from recpipe.retrieval.spec import RetrievalOptions
+from recpipe.retrieval.options import RetrievalOptions
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

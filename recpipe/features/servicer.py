@@ -13,8 +13,8 @@ from typing import Protocol
 from grpc import aio
 
 from recpipe import codec
+from recpipe.features import NAME
 from recpipe.features.contract import FeatureLimits, ItemsQuery, UserQuery
-from recpipe.features.spec import SPEC
 from recpipe.serving.stage import CoreStage, Method
 from recpipe.types import ItemFeatures, UserFeatures
 from recpipe.v1 import features_pb2, features_pb2_grpc
@@ -58,7 +58,7 @@ AUGMENT_ITEMS: Method[FeatureCoreLike, ItemsQuery, ItemFeatures] = Method(
 
 
 class FeatureStage(CoreStage[FeatureCoreLike]):
-    name = SPEC.name
+    name = NAME
     service_names = (SERVICE_NAME,)
     thread_pool = "polars"
     methods = (AUGMENT_USER, AUGMENT_ITEMS)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from recpipe.features import NAME
 from recpipe.serving.config import StageConfig
 from recpipe.serving.spec import COMPUTE_NICE, StageSpec
 from recpipe.serving.stage import Stage
@@ -14,5 +15,5 @@ def build(cfg: StageConfig) -> Stage:
     return FeatureStage.over(lambda: FeatureCore.load(cfg.models_dir, cfg.data_dir, threads=cfg.threads or None), cfg)
 
 
-SPEC = StageSpec("features", port_offset=1, build=build, cost=1.6, nice=COMPUTE_NICE, threads=("polars",),
+SPEC = StageSpec(NAME, port_offset=1, build=build, cost=1.6, nice=COMPUTE_NICE, threads=("polars",),
                  description="Polars-encoded user and item rows gathered by position, history aggregates")

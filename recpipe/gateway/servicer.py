@@ -6,11 +6,12 @@ from __future__ import annotations
 from grpc import aio
 
 from recpipe.errors import StageUnavailable
+from recpipe.gateway import NAME, UPSTREAM
 from recpipe.gateway.admission import Admission
 from recpipe.gateway.chain import Chain
 from recpipe.gateway.clients import GrpcFeatureClient, GrpcRankingClient, GrpcRetrievalClient
+from recpipe.gateway.options import GatewayOptions
 from recpipe.gateway.readiness import ChainReadiness
-from recpipe.gateway.spec import SPEC, GatewayOptions
 from recpipe.serving.stage import ReadinessWatch, Stage, StageInfo, check_deadline
 from recpipe.v1 import recommend_pb2, recommend_pb2_grpc
 
@@ -18,12 +19,12 @@ SERVICE_NAME = recommend_pb2.DESCRIPTOR.services_by_name["RecommendService"].ful
 
 
 class GatewayStage(Stage):
-    name = SPEC.name
+    name = NAME
     service_names = (SERVICE_NAME,)
 
     def __init__(self, features: str, retrieval: str, ranking: str, options: GatewayOptions | None = None) -> None:
-        """The gateway over the stages at these gRPC targets (``SPEC.upstream``, in that order)."""
-        self.targets = dict(zip(SPEC.upstream, (features, retrieval, ranking), strict=True))
+        """The gateway over the stages at these gRPC targets (``UPSTREAM``, in that order)."""
+        self.targets = dict(zip(UPSTREAM, (features, retrieval, ranking), strict=True))
         self.admission = Admission((options or GatewayOptions()).max_in_flight)
         self.chain: Chain | None = None
         self._readiness: ChainReadiness | None = None
@@ -48,7 +49,7 @@ class GatewayStage(Stage):
         if self._clients is None:
             return None
         channels = tuple(client.channel for client in self._clients)
-        self._readiness = ChainReadiness(dict(zip(SPEC.upstream, channels, strict=True)))
+        self._readiness = ChainReadiness(dict(zip(UPSTREAM, channels, strict=True)))
         return self._readiness.run
 
     def info(self) -> StageInfo:

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from recpipe.errors import UsageError
-from recpipe.gateway.spec import UPSTREAM
+from recpipe.gateway import UPSTREAM
 from recpipe.querygen.workload import ArrivalIntervals, CandidateSpec, UserSpec
 
 MODES = ("sequential", "open", "closed")

@@ -13,7 +13,7 @@ import grpc.aio
 from recpipe import __version__
 from recpipe.config import STEPS, TOTAL_STEP
 from recpipe.errors import UsageError
-from recpipe.gateway.spec import STEP_STAGES, UPSTREAM
+from recpipe.gateway import STEP_STAGES, UPSTREAM
 from recpipe.querygen import clients, loops, platform_info
 from recpipe.querygen.config import DEFAULT_NUM_USERS, STABLE_WINDOWS, QuerygenConfig
 from recpipe.querygen.output import FORMAT

@@ -19,8 +19,8 @@ from recpipe.errors import ArtifactMismatch, UsageError
 from recpipe.ranking import artifacts
 from recpipe.ranking.contract import RankingLimits, RankQuery
 from recpipe.ranking.model import SparseArch
+from recpipe.ranking.options import RankingOptions
 from recpipe.ranking.predictor import Predictor
-from recpipe.ranking.spec import RankingOptions
 from recpipe.repository import Repository
 from recpipe.transfer import host_mapped
 from recpipe.types import ItemFeatures, UserFeatures

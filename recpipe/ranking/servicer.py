@@ -13,8 +13,8 @@ from grpc import aio
 
 from recpipe import codec, schema
 from recpipe.finite import check_finite
+from recpipe.ranking import NAME
 from recpipe.ranking.contract import RankingLimits, RankQuery
-from recpipe.ranking.spec import SPEC
 from recpipe.serving.stage import CoreStage, Method
 from recpipe.v1 import ranking_pb2, ranking_pb2_grpc
 
@@ -56,7 +56,7 @@ RANK: Method[RankingCoreLike, RankQuery, np.ndarray] = Method(
 
 
 class RankingStage(CoreStage[RankingCoreLike]):
-    name = SPEC.name
+    name = NAME
     service_names = (SERVICE_NAME,)
     methods = (RANK,)
 

@@ -2,44 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
-from recpipe.accel.options import CudaGraphOptions
-from recpipe.errors import UsageError
+from recpipe.ranking import NAME
+from recpipe.ranking.options import RankingOptions
 from recpipe.serving.config import StageConfig
-from recpipe.serving.options import option
 from recpipe.serving.spec import COMPUTE_NICE, StageSpec
 from recpipe.serving.stage import Stage
-
-#: Where the DLRM tables live on a CUDA device: device memory, or pinned host memory read in place.
-EMBEDDING_PLACEMENTS: tuple[str, ...] = ("device", "host")
-
-
-@dataclass(frozen=True)
-class RankingOptions(CudaGraphOptions):
-    """The GPU fast path of ranking: ``embeddings`` in device memory or in pinned host memory."""
-
-    group = "ranking"
-
-    embeddings: str = option("device", choices=EMBEDDING_PLACEMENTS,
-                             help="DLRM tables in device memory, or in pinned host memory read by the GPU in place "
-                                  "(host: CUDA only)")
-
-    def __post_init__(self) -> None:
-        if self.embeddings not in EMBEDDING_PLACEMENTS:
-            raise UsageError(f"--embeddings must be one of {', '.join(EMBEDDING_PLACEMENTS)}, got {self.embeddings!r}")
-
-    def check_machine(self, device: str) -> None:
-        if self.embeddings != "host":
-            return
-        import torch
-
-        if not torch.cuda.is_available():
-            raise UsageError("--embeddings host needs a CUDA device (tables in pinned host memory read by the GPU); "
-                             "no CUDA device is available here")
-        if device.strip().lower().startswith("cpu"):
-            raise UsageError(f"--embeddings host needs a CUDA device (tables in pinned host memory read by the GPU); "
-                             f"--device {device}")
 
 
 def build(cfg: StageConfig) -> Stage:
@@ -51,5 +20,5 @@ def build(cfg: StageConfig) -> Stage:
     return RankingStage.over(lambda: RankingCore.load(cfg.models_dir, device=cfg.device, **asdict(opts)), cfg)
 
 
-SPEC = StageSpec("ranking", port_offset=3, build=build, cost=4.7, nice=COMPUTE_NICE, options=RankingOptions, threads=("torch",),
+SPEC = StageSpec(NAME, port_offset=3, build=build, cost=4.7, nice=COMPUTE_NICE, options=RankingOptions, threads=("torch",),
                  description="DLRM over the candidates")

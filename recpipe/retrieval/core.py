@@ -32,7 +32,7 @@ from recpipe.repository import Repository
 from recpipe.retrieval import artifacts
 from recpipe.retrieval import index as faiss_index
 from recpipe.retrieval.contract import RetrievalLimits, RetrieveQuery
-from recpipe.retrieval.spec import DEFAULT_RESCORE, RetrievalOptions
+from recpipe.retrieval.options import DEFAULT_RESCORE, RetrievalOptions
 from recpipe.transfer import DeviceIO
 from recpipe.types import Candidates, UserFeatures
 

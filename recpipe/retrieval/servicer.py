@@ -13,8 +13,8 @@ from grpc import aio
 
 from recpipe import codec, schema
 from recpipe.finite import check_finite
+from recpipe.retrieval import NAME
 from recpipe.retrieval.contract import RetrievalLimits, RetrieveQuery
-from recpipe.retrieval.spec import SPEC
 from recpipe.serving.stage import CoreStage, Method
 from recpipe.types import Candidates
 from recpipe.v1 import retrieval_pb2, retrieval_pb2_grpc
@@ -56,7 +56,7 @@ RETRIEVE: Method[RetrievalCoreLike, RetrieveQuery, Candidates] = Method(
 
 
 class RetrievalStage(CoreStage[RetrievalCoreLike]):
-    name = SPEC.name
+    name = NAME
     service_names = (SERVICE_NAME,)
     methods = (RETRIEVE,)
 

@@ -20,8 +20,8 @@ import pytest
 from toy_stages import ToyFeatureCore, ToyRankingCore, ToyRetrievalCore, ToyWorld
 
 from recpipe.features.servicer import FeatureStage
+from recpipe.gateway.options import GatewayOptions
 from recpipe.gateway.servicer import GatewayStage
-from recpipe.gateway.spec import GatewayOptions
 from recpipe.ranking.servicer import RankingStage
 from recpipe.retrieval.servicer import RetrievalStage
 from recpipe.serving.batcher import BatchConfig

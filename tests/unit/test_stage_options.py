@@ -9,9 +9,9 @@ import asyncio
 import pytest
 
 from recpipe.errors import UsageError
-from recpipe.gateway.spec import GatewayOptions
-from recpipe.ranking.spec import RankingOptions
-from recpipe.retrieval.spec import RetrievalOptions
+from recpipe.gateway.options import GatewayOptions
+from recpipe.ranking.options import RankingOptions
+from recpipe.retrieval.options import RetrievalOptions
 from recpipe.serving.batcher import BatchConfig, Batcher
 from recpipe.serving.options import merged_argv
 from recpipe.stages import REGISTRY
