@@ -1,6 +1,6 @@
 """The arrays that flow between stages, with their shapes and dtypes.
 
-These are what the pure cores take and return (no gRPC here); ``recpipe.codec`` moves them across the wire.
+These are what the pure cores take and return (no gRPC here); ``recpipe.serving.codec`` moves them across the wire.
 ``check_user_arrays`` is the one check of a user's feature arrays, shared by the retrieval and ranking
 contracts (both take the user features the feature stage produced).
 """

@@ -83,7 +83,7 @@ class Pods:
 
     def probe(self, stage: str, kind: str, name: str | None = None) -> bool:
         grpc = self.specs[stage]["containers"][0][kind]["grpc"]
-        out = sh("docker", "exec", name or f"podcheck-{stage}", "python", "-m", "recpipe.healthcheck",
+        out = sh("docker", "exec", name or f"podcheck-{stage}", "python", "-m", "recpipe.serving.healthcheck",
                  f"127.0.0.1:{grpc['port']}", "--service", grpc.get("service", ""), check=False)
         return out.returncode == 0
 

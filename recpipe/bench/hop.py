@@ -89,7 +89,7 @@ def _serve(ports: Any, reply_bytes: int, max_batch: int, workers: int) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.calls < 10 or args.warmup < 0 or not 1 <= args.candidates <= 10_000 or args.max_batch < 1:
         raise UsageError("--calls must be >= 10, --warmup >= 0, --candidates 1..10000, --max-batch >= 1")
-    from recpipe import codec
+    from recpipe.serving import codec
     from recpipe.v1 import ranking_pb2
 
     rng = np.random.default_rng(0)

@@ -1,6 +1,6 @@
 """The feature stage's requests, validated once: ``UserQuery.checked`` and ``ItemsQuery.checked`` are the
 only places their fields are checked, whether a request came over gRPC (``servicer.py`` decodes the
-tensor with ``recpipe.codec`` first) or from an in-process caller. ``FeatureCore`` trusts them.
+tensor with ``recpipe.serving.codec`` first) or from an in-process caller. ``FeatureCore`` trusts them.
 """
 
 from __future__ import annotations

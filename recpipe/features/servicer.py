@@ -12,9 +12,9 @@ from typing import Protocol
 
 from grpc import aio
 
-from recpipe import codec
 from recpipe.features import NAME
 from recpipe.features.contract import FeatureLimits, ItemsQuery, UserQuery
+from recpipe.serving import codec
 from recpipe.serving.stage import CoreStage, Method
 from recpipe.types import ItemFeatures, UserFeatures
 from recpipe.v1 import features_pb2, features_pb2_grpc

@@ -16,8 +16,8 @@ import grpc
 import numpy as np
 from grpc import aio
 
-from recpipe import codec
 from recpipe.errors import ArtifactMismatch, RecpipeError
+from recpipe.serving import codec
 from recpipe.serving.channels import make_channel
 from recpipe.serving.status import error_for
 from recpipe.types import StageResult

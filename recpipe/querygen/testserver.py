@@ -28,10 +28,10 @@ import grpc
 import grpc.aio
 import numpy as np
 
-from recpipe import codec
 from recpipe.config import STEPS, TOTAL_STEP
 from recpipe.errors import UsageError
 from recpipe.querygen import loops
+from recpipe.serving import codec
 from recpipe.v1 import (
     features_pb2,
     features_pb2_grpc,

@@ -1,5 +1,5 @@
 """The ranking stage's request, validated once: ``RankQuery.checked`` is the only place its fields are
-checked, whether the query came over gRPC (``servicer.py`` decodes the tensors with ``recpipe.codec``
+checked, whether the query came over gRPC (``servicer.py`` decodes the tensors with ``recpipe.serving.codec``
 first) or from an in-process caller. ``RankingCore`` trusts a ``RankQuery``.
 """
 

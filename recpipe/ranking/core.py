@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from recpipe import device as devices
+from recpipe.accel import device as devices
+from recpipe.accel.cuda_graphs import mode_for
+from recpipe.accel.transfer import host_mapped
 from recpipe.config import DEFAULT_NUM_CANDIDATES
-from recpipe.cuda_graphs import mode_for
 from recpipe.errors import ArtifactMismatch, UsageError
 from recpipe.ranking import artifacts
 from recpipe.ranking.contract import RankingLimits, RankQuery
@@ -22,7 +23,6 @@ from recpipe.ranking.model import SparseArch
 from recpipe.ranking.options import RankingOptions
 from recpipe.ranking.predictor import Predictor
 from recpipe.repository import Repository
-from recpipe.transfer import host_mapped
 from recpipe.types import ItemFeatures, UserFeatures
 
 #: Candidates per DLRM forward at most when requests are batched (a single request may exceed it).

@@ -8,7 +8,7 @@ computed and multiplied by their columns of the first layer. The result equals `
 up to float rounding (checked by the tests), at about half the cost.
 
 ``score_batch`` on a CUDA device replays a CUDA graph per bucketed (users, candidates) shape
-(``recpipe.cuda_graphs``): the inputs are padded with zeros up to the bucket in pinned host buffers,
+(``recpipe.accel.cuda_graphs``): the inputs are padded with zeros up to the bucket in pinned host buffers,
 copied asynchronously on the stage's stream, and the answer is sliced back. Padded candidates belong
 to user 0 and padded users have no candidates, so the real rows' scores do not change. The CPU runs
 the same padding eagerly in ``padded`` mode (what the tests compare with the unpadded answer) and no
@@ -21,9 +21,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from recpipe.cuda_graphs import GraphRunner, bucket
+from recpipe.accel.cuda_graphs import GraphRunner, bucket
+from recpipe.accel.transfer import DeviceIO
 from recpipe.ranking.model import DLRM, SparseArch
-from recpipe.transfer import DeviceIO
 
 #: Candidate-count buckets start here: fewer rows than this cost a GPU no more than this many.
 MIN_ROWS_BUCKET = 64

@@ -11,10 +11,11 @@ from typing import Protocol
 import numpy as np
 from grpc import aio
 
-from recpipe import codec, schema
+from recpipe import schema
 from recpipe.finite import check_finite
 from recpipe.ranking import NAME
 from recpipe.ranking.contract import RankingLimits, RankQuery
+from recpipe.serving import codec
 from recpipe.serving.stage import CoreStage, Method
 from recpipe.v1 import ranking_pb2, ranking_pb2_grpc
 

@@ -1,5 +1,5 @@
 """The retrieval stage's request, validated once: ``RetrieveQuery.checked`` is the only place its fields
-are checked, whether the query came over gRPC (``servicer.py`` decodes the tensors with ``recpipe.codec``
+are checked, whether the query came over gRPC (``servicer.py`` decodes the tensors with ``recpipe.serving.codec``
 first) or from an in-process caller. ``RetrievalCore`` trusts a ``RetrieveQuery``.
 
 The stage owns the bound on ``k``: 0 means the default (500, or the whole catalogue when it is smaller),

@@ -23,9 +23,10 @@ import faiss
 import numpy as np
 import torch
 
-from recpipe import device as devices
+from recpipe.accel import device as devices
+from recpipe.accel.cuda_graphs import GraphRunner, bucket, mode_for
+from recpipe.accel.transfer import DeviceIO
 from recpipe.config import DEFAULT_NUM_CANDIDATES
-from recpipe.cuda_graphs import GraphRunner, bucket, mode_for
 from recpipe.errors import ArtifactMismatch
 from recpipe.finite import degenerate
 from recpipe.repository import Repository
@@ -33,7 +34,6 @@ from recpipe.retrieval import artifacts
 from recpipe.retrieval import index as faiss_index
 from recpipe.retrieval.contract import RetrievalLimits, RetrieveQuery
 from recpipe.retrieval.options import DEFAULT_RESCORE, RetrievalOptions
-from recpipe.transfer import DeviceIO
 from recpipe.types import Candidates, UserFeatures
 
 _log = logging.getLogger(__name__)

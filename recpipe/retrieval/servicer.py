@@ -11,10 +11,11 @@ from typing import Protocol
 
 from grpc import aio
 
-from recpipe import codec, schema
+from recpipe import schema
 from recpipe.finite import check_finite
 from recpipe.retrieval import NAME
 from recpipe.retrieval.contract import RetrievalLimits, RetrieveQuery
+from recpipe.serving import codec
 from recpipe.serving.stage import CoreStage, Method
 from recpipe.types import Candidates
 from recpipe.v1 import retrieval_pb2, retrieval_pb2_grpc

@@ -25,7 +25,7 @@ import polars as pl
 import torch
 
 import recpipe
-from recpipe import device as devices
+from recpipe.accel import device as devices
 from recpipe.datagen.manifest import verify as verify_dataset
 from recpipe.errors import UsageError
 from recpipe.features import artifacts as feature_artifacts

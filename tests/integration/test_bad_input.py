@@ -13,8 +13,8 @@ import pytest
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
-from recpipe import codec
 from recpipe.errors import clip
+from recpipe.serving import codec
 from recpipe.serving.malformed import Malformed, MalformedLog
 from recpipe.v1 import (
     features_pb2,

@@ -14,7 +14,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 from toy_stages import ToyFeatureCore, ToyWorld
 
-from recpipe import codec
 from recpipe.errors import (
     ArtifactMismatch,
     BadRequest,
@@ -25,6 +24,7 @@ from recpipe.errors import (
     UsageError,
 )
 from recpipe.features.servicer import FeatureStage
+from recpipe.serving import codec
 from recpipe.serving.channels import make_blocking_channel
 from recpipe.serving.server import ServerThread
 from recpipe.v1 import features_pb2, features_pb2_grpc, info_pb2, info_pb2_grpc

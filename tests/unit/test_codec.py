@@ -3,8 +3,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from recpipe import codec
 from recpipe.errors import BadRequest
+from recpipe.serving import codec
 
 
 @pytest.mark.parametrize("dtype", ["float32", "int64", "int32", "int8"])

@@ -99,7 +99,7 @@ def test_stages_wait_for_init_and_check_health_on_their_own_port(resolved: dict[
         # every interface of the container, from the environment (`--host` would override it)
         assert "--host" not in command and svc["environment"]["RECPIPE_BIND_HOST"] == "0.0.0.0", name
         test = svc["healthcheck"]["test"]
-        assert test[:4] == ["CMD", "python", "-m", "recpipe.healthcheck"] and test[4] == f"127.0.0.1:{port}", test
+        assert test[:4] == ["CMD", "python", "-m", "recpipe.serving.healthcheck"] and test[4] == f"127.0.0.1:{port}", test
     for name in SCALABLE:
         assert services["gateway"]["depends_on"][name]["condition"] == "service_healthy"
 

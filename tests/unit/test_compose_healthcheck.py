@@ -1,4 +1,4 @@
-"""recpipe.healthcheck, the command the compose healthchecks run, against a real gRPC health service."""
+"""recpipe.serving.healthcheck, the command the compose healthchecks run, against a real gRPC health service."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from recpipe.healthcheck import main
+from recpipe.serving.healthcheck import main
 
 
 @pytest.fixture()
@@ -64,4 +64,4 @@ def test_bad_arguments_exit_2(capsys) -> None:
     assert main(["127.0.0.1:1", "--timeout", "0"]) == 2
     assert main(["--no-such-flag"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and all(line.startswith("recpipe.healthcheck: error:") for line in err)
+    assert len(err) == 2 and all(line.startswith("recpipe.serving.healthcheck: error:") for line in err)

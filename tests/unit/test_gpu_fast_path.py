@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 import torch
 
+from recpipe.accel.cuda_graphs import GraphRunner, bucket, mode_for
+from recpipe.accel.transfer import DeviceIO, host_mapped
 from recpipe.cli import main
-from recpipe.cuda_graphs import GraphRunner, bucket, mode_for
 from recpipe.errors import UsageError
 from recpipe.features.core import FeatureCore
 from recpipe.ranking.core import RankingCore
@@ -25,7 +26,6 @@ from recpipe.retrieval import index as faiss_index
 from recpipe.retrieval.contract import RetrieveQuery
 from recpipe.retrieval.core import RetrievalCore
 from recpipe.serving import nvtx
-from recpipe.transfer import DeviceIO, host_mapped
 
 CUDA = torch.cuda.is_available()
 no_cuda_only = pytest.mark.skipif(CUDA, reason="checks the error given on a machine without CUDA")

@@ -110,7 +110,7 @@ def test_force_replaces_atomically_with_a_chosen_index(small_dataset: Path, smal
 def test_device_resolution() -> None:
     import torch
 
-    from recpipe.device import describe, resolve
+    from recpipe.accel.device import describe, resolve
     from recpipe.errors import UsageError
 
     assert describe(resolve("cpu")) == "cpu"

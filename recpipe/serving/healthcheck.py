@@ -1,6 +1,6 @@
 """Ask a recpipe server's gRPC health service whether it is SERVING; exit 0 if so, 1 if not.
 
-    python -m recpipe.healthcheck [TARGET] [--service NAME] [--timeout SECONDS]
+    python -m recpipe.serving.healthcheck [TARGET] [--service NAME] [--timeout SECONDS]
 
 TARGET defaults to ``$RECPIPE_HEALTH_TARGET``, else the gateway's default address. Container
 healthchecks (docker-compose.yml) run this inside each stage's container: the image has no
@@ -28,7 +28,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m recpipe.healthcheck", description="Exit 0 when a recpipe server reports SERVING.")
+    parser = _Parser(prog="python -m recpipe.serving.healthcheck", description="Exit 0 when a recpipe server reports SERVING.")
     parser.add_argument("target", nargs="?", default=None,
                         help=f"HOST:PORT (default ${TARGET_ENV}, else {DEFAULT_HOST}:{DEFAULT_PORT})")
     parser.add_argument("--service", default="", help="the service name to ask about ('' = the whole server)")
@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError(f"--timeout must be > 0, got {args.timeout}")
         target = args.target or os.environ.get(TARGET_ENV) or f"{DEFAULT_HOST}:{DEFAULT_PORT}"
     except UsageError as e:
-        print(f"recpipe.healthcheck: error: {e}", file=sys.stderr)
+        print(f"recpipe.serving.healthcheck: error: {e}", file=sys.stderr)
         return 2
     serving, line = check(target, args.service, args.timeout)
     print(line, file=sys.stdout if serving else sys.stderr)
