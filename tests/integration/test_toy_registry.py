@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -22,6 +24,27 @@ HERE = Path(__file__).parent
 def toy_env() -> dict[str, str]:
     path = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return {**os.environ, "RECPIPE_REGISTRY": "toy_registry:REGISTRY", "PYTHONPATH": path}
+
+
+@contextlib.contextmanager
+def serving_toys(tmp_path: Path, base: int, *extra: str) -> Iterator[tuple[subprocess.Popen[str], Lines]]:
+    """``recpipe [--log-level INFO] serve`` over the toy registry at ``base``, SERVING; on leaving, SIGTERM
+    must stop it cleanly (exit 0)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "recpipe", "--log-level", "INFO", "serve", "--models", str(tmp_path), "--data",
+         str(tmp_path), "--port", str(base), "--metrics-port", "-1", "--grace", "1", *extra],
+        env=toy_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        lines = Lines(proc.stdout)
+        lines.until(lambda line: line.startswith("recpipe serving (2 stages"), timeout=120)
+        yield proc, lines
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_help_lists_the_toy_stages_and_their_option() -> None:
@@ -40,14 +63,7 @@ def test_a_bad_toy_option_is_a_one_line_error() -> None:
 @pytest.mark.slow
 def test_serve_runs_a_registry_of_toy_stages(tmp_path: Path) -> None:
     base = free_port_block(2)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "recpipe", "serve", "--models", str(tmp_path), "--data", str(tmp_path),
-         "--port", str(base), "--metrics-port", "-1", "--toy-users", "7", "--grace", "1"],
-        env=toy_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    try:
-        lines = Lines(proc.stdout)
-        lines.until(lambda line: line.startswith("recpipe serving (2 stages"), timeout=120)
+    with serving_toys(tmp_path, base, "--toy-users", "7"):
         with RecommendClient(f"127.0.0.1:{base}", timeout=10) as client:
             front = client.info()
         assert front.stage == "front" and front.details["toy"] == f"127.0.0.1:{base + 1}"
@@ -60,12 +76,6 @@ def test_serve_runs_a_registry_of_toy_stages(tmp_path: Path) -> None:
             with pytest.raises(grpc.RpcError) as bad:
                 stub.AugmentUser(features_pb2.AugmentUserRequest(user_id=7), timeout=10)
             assert bad.value.code() == grpc.StatusCode.NOT_FOUND
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 def _stage_pids(supervisor_pid: int, stage: str) -> set[int]:
@@ -91,14 +101,7 @@ def test_a_killed_stage_is_replaced_by_its_warm_standby(tmp_path: Path) -> None:
     import time
 
     base = free_port_block(2)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "recpipe", "--log-level", "INFO", "serve", "--models", str(tmp_path), "--data",
-         str(tmp_path), "--port", str(base), "--metrics-port", "-1", "--grace", "1"],
-        env=toy_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    try:
-        lines = Lines(proc.stdout)
-        lines.until(lambda line: line.startswith("recpipe serving (2 stages"), timeout=120)
+    with serving_toys(tmp_path, base) as (proc, lines):
         if not any("toy: warm standby loaded" in line for line in lines.seen):  # it may come before or after
             lines.until(lambda line: "toy: warm standby loaded" in line, timeout=60)
         address = f"127.0.0.1:{base + 1}"
@@ -120,12 +123,6 @@ def test_a_killed_stage_is_replaced_by_its_warm_standby(tmp_path: Path) -> None:
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
         assert f"{base + 1:04X}" in _listen_ports(standby)  # the old standby now serves the port
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 def _listen_ports(pid: int) -> str:
