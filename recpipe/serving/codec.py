@@ -59,11 +59,12 @@ def decode(
         raise BadRequest(f"{field}: expected shape {want}, got {_shape(dims)}")
     dt = _LITTLE_ENDIAN.get(dtype) or np.dtype(dtype).newbyteorder("<")
     expected = count * dt.itemsize
-    if len(tensor.data) != expected:
+    data = tensor.data  # each read of a bytes field copies it out of the message: read it once
+    if len(data) != expected:
         raise BadRequest(
-            f"{field}: {len(tensor.data)} bytes do not match shape {_shape(dims)} of {dtype} ({expected} bytes)"
+            f"{field}: {len(data)} bytes do not match shape {_shape(dims)} of {dtype} ({expected} bytes)"
         )
-    arr = np.frombuffer(tensor.data, dtype=dt).reshape(dims)
+    arr = np.frombuffer(data, dtype=dt).reshape(dims)
     return arr if dt.isnative else arr.astype(dt.newbyteorder("="))
 
 
