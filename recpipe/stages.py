@@ -46,7 +46,7 @@ def _ranking(cfg: StageConfig) -> Stage:
     from recpipe.ranking.servicer import load_stage
 
     return load_stage(cfg.models_dir, device=cfg.device, threads=cfg.threads, workers=cfg.workers, batch=cfg.batch,
-                      cuda_graphs=cfg.gpu.cuda_graphs, embeddings=cfg.gpu.embeddings)
+                      cuda_graphs=cfg.gpu.cuda_graphs, embeddings=cfg.gpu.embeddings, precision=cfg.ranking_precision)
 
 
 def _gateway(cfg: StageConfig) -> Stage:

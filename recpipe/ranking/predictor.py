@@ -17,6 +17,8 @@ padding at all by default.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
 from torch import nn
@@ -27,6 +29,8 @@ from recpipe.ranking import precision as precisions
 from recpipe.ranking.model import DLRM, SparseArch
 from recpipe.transfer import DeviceIO
 
+_log = logging.getLogger(__name__)
+
 #: Candidate-count buckets start here: fewer rows than this cost a GPU no more than this many.
 MIN_ROWS_BUCKET = 64
 
@@ -35,15 +39,20 @@ class Predictor:
     """``graphs``: ``eager`` (no padding; the CPU default), ``padded`` (bucketed shapes run eagerly: the
     CPU twin of graphs, or CUDA with graphs off) or ``graph`` (CUDA graph replay per bucket)."""
 
-    def __init__(self, model: DLRM, device: torch.device, graphs: str = "eager", precision: str = "fp32") -> None:
+    def __init__(self, model: DLRM, device: torch.device, graphs: str = "eager", precision: str = "fp32",
+                 compile: bool = True) -> None:
         """``precision``: the form the factorised forward runs in (``recpipe.ranking.precision.FORMS``);
-        ``predict`` and the unfactorised path stay fp32."""
+        ``predict`` and the unfactorised path stay fp32. ``compile`` False keeps bf16 eager (the same
+        numbers up to rounding, without the compilation: what ``recpipe train`` measures AUC with)."""
         if precision not in precisions.FORMS:
             raise ValueError(f"precision must be one of {precisions.FORMS}, got {precision!r}")
         self.model = model.to(device).eval()
         self.device = device
         self.graphs = graphs
         self.precision = precision
+        #: whether the forward runs compiled (``torch.compile``: the bf16 form, where it compiles)
+        self.compiled = False
+        self._compile = compile
         self.io = DeviceIO(device)
         self.num_user_tables = 0
         self._split: nn.Module | None = None
@@ -54,7 +63,17 @@ class Predictor:
         self.num_user_tables = num_user_tables
         split = user_split(self.model, num_user_tables).to(self.device)
         split.gather_segments = self.graphs != "eager" or self.device.type != "cpu"  # type: ignore[assignment]
-        run = precisions.convert(split, self.precision).eval()
+        run = precisions.convert(split, self.precision, compile=self._compile).eval()
+        if self.precision == "bf16" and self._compile:  # compile now, not at the first request; eager if it cannot compile
+            try:
+                self._warm(run, num_user_tables)
+            except Exception as e:  # any compiler failure (no C++ compiler, ...): the eager form works
+                _log.warning("torch.compile of the bf16 ranking forward failed (%s); running it eagerly",
+                             str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
+                run = precisions.convert(split, "bf16", compile=False).eval()
+                self.compiled = False
+            else:
+                self.compiled = True
         self._split = run
 
         def probabilities(*inputs: torch.Tensor) -> torch.Tensor:
@@ -62,6 +81,15 @@ class Predictor:
             return torch.sigmoid(run(ud, us, idn, isp, seg[0] if seg else None).float())
 
         self._runner = GraphRunner(probabilities, self.device, self.graphs)
+
+    def _warm(self, run: nn.Module, num_user_tables: int) -> None:
+        cfg = self.model.config
+        n = 500
+        with torch.inference_mode():
+            run(torch.zeros(1, cfg.user_dense_dim, device=self.device),
+                torch.zeros(1, num_user_tables, dtype=torch.long, device=self.device),
+                torch.zeros(n, cfg.item_dense_dim, device=self.device),
+                torch.zeros(n, cfg.num_tables - num_user_tables, dtype=torch.long, device=self.device), None)
 
     @property
     def graphs_captured(self) -> int:

@@ -94,6 +94,6 @@ def load_stage(
     def loader() -> RankingCoreLike:
         from recpipe.ranking.core import RankingCore
 
-        return RankingCore.load(models_dir, device=device, **options)  # options: cuda_graphs, embeddings
+        return RankingCore.load(models_dir, device=device, **options)  # options: cuda_graphs, embeddings, precision
 
     return RankingStage(loader, workers=workers, threads=threads, batch=batch)

@@ -104,8 +104,13 @@ class StageConfig:
     batch: BatchConfig = field(default_factory=BatchConfig)
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     gpu: GpuConfig = field(default_factory=GpuConfig)
+    #: ``--ranking-precision`` (choices and meaning: ``recpipe.ranking.precision``)
+    ranking_precision: str = "fp32"
 
     def __post_init__(self) -> None:
+        from recpipe.ranking.precision import check as check_ranking_precision
+
+        check_ranking_precision(self.ranking_precision)
         if self.stage not in STAGE_NAMES:
             raise UsageError(f"unknown stage {self.stage!r}: choose {', '.join(STAGE_NAMES)} or all")
         for name, value in (("port", self.port), ("metrics-port", self.metrics_port or 0)):

@@ -1,7 +1,8 @@
 """Held-out AUC of the served ranking forward in each precision the CPU runs (``recpipe.ranking.precision``).
 
 The rows are scored the way ``RankingCore`` scores a request: grouped by user, through the
-factorised forward (``Predictor.score_batch``), on a CPU copy of the model. ``--ranking-precision
+factorised forward (``Predictor.score_batch``), on a CPU copy of the model (bf16 eagerly: the served
+form is the same computation compiled, equal up to rounding, and compiling would add to training time). ``--ranking-precision
 auto`` reads these numbers from the manifest (``metrics.ranking_auc_by_precision``).
 """
 
@@ -49,7 +50,7 @@ def precision_aucs(model: DLRM, core: FeatureCore, rows: pl.DataFrame) -> dict[s
     cpu_model = copy.deepcopy(model).cpu().eval()
     result: dict[str, float] = {}
     for form in precision.available(torch.device("cpu")):
-        predictor = Predictor(cpu_model, torch.device("cpu"), precision=form)
+        predictor = Predictor(cpu_model, torch.device("cpu"), precision=form, compile=False)
         predictor.set_user_tables(int(core.user_sparse.shape[1]))
         result[form] = round(auc(labels, served_scores(predictor, core, users, items)), 5)
     return result
