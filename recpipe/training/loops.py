@@ -215,9 +215,9 @@ def train_dlrm(
     rows, weights = sample_ranking_rows(labels[:fit], cfg, rng)
     epochs = max(1, min(cfg.ranking_epochs, cfg.ranking_row_budget // max(1, len(rows))))
     val = np.arange(fit, len(labels))
-    if len(val) > cfg.max_eval_rows:
-        val = np.sort(rng.choice(val, cfg.max_eval_rows, replace=False))
-    train_check = np.sort(rng.choice(fit, min(fit, cfg.max_eval_rows // 4), replace=False))
+    if len(val) > cfg.max_val_rows:
+        val = np.sort(rng.choice(val, cfg.max_val_rows, replace=False))
+    train_check = np.sort(rng.choice(fit, min(fit, cfg.max_val_rows // 2), replace=False))
 
     def rows_auc(idx: np.ndarray) -> float:
         scores = score_dlrm(model, core, users[idx], items[idx], device, counts=counts.take(idx))
