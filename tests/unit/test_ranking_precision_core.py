@@ -57,3 +57,9 @@ def test_a_dcn_repository_trains_loads_and_ranks(small_dataset: Path, tmp_path: 
     user, items = _request(features)
     scores = ranking.rank(user, items)
     assert scores.shape == (40,) and np.all((scores > 0) & (scores < 1))
+
+
+def test_serve_refuses_an_unknown_ranking_precision(capsys) -> None:
+    assert main(["serve", "--ranking-precision", "fp16"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--ranking-precision" in err[0]
