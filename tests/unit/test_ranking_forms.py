@@ -126,3 +126,18 @@ def test_cpu_flags_are_read_from_cpuinfo(tmp_path) -> None:
     assert flags == ("avx512_bf16", "amx_int8", "avx512f", "avx2")
     assert precision.native_bf16(flags) and not precision.native_bf16(("avx2",))
     assert precision.cpu_flags(tmp_path / "missing") == ()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("interaction", ["dot", "dcn"])
+def test_cuda_graph_replay_equals_the_cpu_forward(interaction: str) -> None:
+    model = model_with(interaction)
+    cpu = Predictor(model, torch.device("cpu"))
+    cpu.set_user_tables(4)
+    gpu = Predictor(model_with(interaction), torch.device("cuda"), "graph")
+    gpu.set_user_tables(4)
+    for counts in ([25], [5, 1, 12]):
+        args = requests(counts)
+        np.testing.assert_allclose(gpu.score_batch(*args, counts), cpu.score_batch(*args, counts), rtol=1e-3, atol=1e-4)
+    assert gpu.graphs_captured == 2
