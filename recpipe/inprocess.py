@@ -20,7 +20,10 @@ import numpy as np
 
 from recpipe.config import DEFAULT_HOST
 from recpipe.gateway.chain import Chain
+from recpipe.ranking import NAME as RANKING
+from recpipe.ranking.options import RankingOptions
 from recpipe.serving.batcher import BatchConfig
+from recpipe.serving.options import StageOptions
 from recpipe.serving.server import ServerThread, StageServer
 from recpipe.stages import REGISTRY
 from recpipe.types import ItemFeatures, StageResult, UserFeatures
@@ -31,6 +34,10 @@ if TYPE_CHECKING:
     from recpipe.retrieval.core import RetrievalCore
 
 T = TypeVar("T")
+
+#: The in-process chain ranks in fp32, the library's default, so that its answers are those of the cores
+#: called directly (``local_chain``) on any CPU; ``recpipe serve`` picks a precision per machine.
+IN_PROCESS_OPTIONS: dict[str, StageOptions] = {RANKING: RankingOptions(precision="fp32")}
 
 
 @dataclass(frozen=True)
@@ -65,13 +72,15 @@ def start_chain(
     batch: BatchConfig | None = None,
 ) -> ChainServers:
     """Start every stage of the registry, upstream first, each on a free port of ``host`` with its
-    stages' targets, loaded and SERVING, on ``servers``' loop (each stage with its default options)."""
+    stages' targets, loaded and SERVING, on ``servers``' loop, with ``IN_PROCESS_OPTIONS`` or each
+    stage's default options."""
     mport = 0 if metrics else None
     started: dict[str, StageServer] = {}
     for spec in REGISTRY:
         cfg = REGISTRY.config(spec.name, models_dir=Path(models_dir), data_dir=Path(data_dir), host=host,
                               device=device, workers=workers, batch=batch,
-                              targets={u: started[u].address for u in spec.upstream})
+                              targets={u: started[u].address for u in spec.upstream},
+                              options=IN_PROCESS_OPTIONS.get(spec.name) or spec.options())
         started[spec.name] = servers.start(REGISTRY.build(cfg), host=host, metrics_port=mport)
     return ChainServers(started)
 

@@ -8,7 +8,10 @@ Forms, same trained weights, same inputs, alternating call by call:
 On a CUDA device two more forms, side by side: ``served, no CUDA graphs`` (the same padded shapes run
 eagerly) and ``served, tables in host memory`` (``--embeddings host``: the DLRM tables stay in pinned
 host memory and the GPU reads the rows it needs over PCIe / NVLink-C2C instead of from HBM).
-All forms are checked to give the same scores before timing.
+On the CPU, the served forward in each precision this CPU runs (``--ranking-precision``: fp32, bf16
+compiled, int8), with the held-out AUC ``recpipe train`` measured for each on the same model and its
+delta to fp32, and the form ``auto`` would pick. The fp32 forms are checked to give the same scores
+before timing; the lower precisions are checked to stay close.
 """
 
 from __future__ import annotations
@@ -93,6 +96,15 @@ def run(args: argparse.Namespace) -> int:
         ("fused lookup", lambda i: plain(model, i)),
         ("served (fused + user-side once)", served),
     ]
+    low_forms: list[str] = []
+    if not cuda:  # the served forward in every precision this CPU runs, side by side
+        from recpipe.ranking import precision as precisions
+
+        for form in precisions.available(ranking.torch_device):
+            if form != "fp32":
+                core = RankingCore.load(args.models, device=args.device, precision=form)
+                forms.append((f"served {core.details['precision']}", _served_by(core, requests)))
+                low_forms.append(forms[-1][0])
     if cuda:  # the placements and graphs side by side (each core keeps its own copy of the weights)
         for name, core in (("served, no CUDA graphs", RankingCore.load(args.models, device=args.device,
                                                                       cuda_graphs=False)),
@@ -101,16 +113,47 @@ def run(args: argparse.Namespace) -> int:
             forms.append((name, _served_by(core, requests)))
     for i in range(3):
         np.testing.assert_allclose(plain(naive_model, i), plain(model, i), rtol=1e-4, atol=1e-6)
-        for _, fn in forms[2:]:
-            np.testing.assert_allclose(fn(i), plain(model, i), rtol=1e-4, atol=1e-5)
+        for name, fn in forms[2:]:
+            if name in low_forms:  # bf16 / int8: close, not equal (what they cost in AUC is printed below)
+                np.testing.assert_allclose(fn(i), plain(model, i), atol=0.1)
+            else:
+                np.testing.assert_allclose(fn(i), plain(model, i), rtol=1e-4, atol=1e-5)
     print(f"ranking bench: {ranking.device}, torch threads {torch.get_num_threads()}, batch {k}, "
           f"{model.config.num_tables} tables ({sum(model.config.table_sizes):,} rows x {model.config.embedding_dim}), "
-          f"CUDA graphs {ranking.predictor.graphs}")
+          f"{model.config.interaction} interaction, CUDA graphs {ranking.predictor.graphs}, "
+          f"CPU {ranking.details['cpu_isa']}")
     if not cuda:
         print("tables in host memory (--embeddings host) and CUDA graphs: need a CUDA device, not timed here")
     timings = measure_interleaved(forms, args.calls, args.warmup, rows_per_call=k)
     print(table(timings, "naive (60 EmbeddingBag calls)"))
+    if not cuda:
+        _precision_table(args.models, timings, low_forms, ranking)
     return 0
+
+
+def _precision_table(models: Path, timings: list[Any], low_forms: list[str], ranking: Any) -> None:
+    """Each precision's served p50 against fp32's, with the held-out AUC ``recpipe train`` measured for it."""
+    from recpipe.ranking import precision as precisions
+    from recpipe.repository import Repository
+
+    by_form = Repository.open(Path(models)).section("metrics").get("ranking_auc_by_precision") or {}
+    fp32 = next(t for t in timings if t.name.startswith("served (fused"))
+    rows = [("fp32", fp32)] + [(name.removeprefix("served ").split(" ")[0], t) for t in timings
+                               for name in low_forms if t.name == name]
+    print(f"\n{'precision':<10} {'p50 ms':>8} {'vs fp32':>8} {'held-out AUC':>13} {'dAUC':>8}  (AUC budget {precisions.AUC_BUDGET})")
+    best, best_ms = "fp32", fp32.pct_ms(50)
+    for form, t in rows:
+        a = by_form.get(form)
+        delta = None if a is None or "fp32" not in by_form else a - by_form["fp32"]
+        auc_text = "n/a" if a is None else f"{a:.5f}"
+        delta_text = "n/a" if delta is None else f"{delta:+.5f}"
+        print(f"{form:<10} {t.pct_ms(50):>8.3f} {fp32.pct_ms(50) / t.pct_ms(50):>7.2f}x {auc_text:>13} {delta_text:>8}")
+        if delta is not None and -delta <= precisions.AUC_BUDGET and t.pct_ms(50) < best_ms:
+            best, best_ms = form, t.pct_ms(50)
+    if by_form:
+        print(f"auto would pick: {best} (fastest here within the AUC budget)")
+    else:
+        print("auto would pick: fp32 (the repository has no per-precision AUC: retrain to measure it)")
 
 
 def _served_by(core: Any, requests: list[Any]) -> Callable[[int], Any]:

@@ -29,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nvtabular-python", default=None, metavar="PATH",
                         help="interpreter of the NVTabular environment (default $RECPIPE_NVTABULAR_PYTHON; "
                              "create one with .ci/nvtabular-env.sh DIR)")
+    parser.add_argument("--interaction", default="dot", choices=("dot", "dcn"),
+                        help="DLRM feature interaction: dot (pairwise dots, default) or dcn (DCNv2 low-rank cross "
+                             "layers, as in MLPerf DLRM-v2)")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch compute threads (0 = auto: 1 on machines with <= 2 cores, else torch's default)")
     parser.add_argument("--force", action="store_true", help="replace an existing model repository")
@@ -59,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         index=args.index,
         threads=args.threads,
+        interaction=args.interaction,
         progress=not args.quiet,
     )
 
@@ -80,7 +84,13 @@ def run(args: argparse.Namespace) -> int:
         m = manifest["metrics"]
         print(f"wrote {args.out} (version {manifest['version']}, {manifest['training']['device']}, "
               f"{manifest['training']['seconds']['total']:.1f}s)")
-        print(f"  ranking_auc {m['ranking_auc']:.4f} (oracle {_round(m['oracle_auc'])})")
+        print(f"  ranking_auc {m['ranking_auc']:.4f} (oracle {_round(m['oracle_auc'])}), {m['ranking_interaction']} "
+              f"interaction, epoch {m['ranking_epoch']} of {m['ranking_epochs_run']} run: train AUC "
+              f"{_round(m['ranking_train_auc'])}, validation AUC {_round(m['ranking_val_auc'])}")
+        print("  ranking_auc by served precision: "
+              + ", ".join(f"{k} {v:.4f}" for k, v in m["ranking_auc_by_precision"].items()))
+        seconds = manifest["training"]["seconds"]
+        print("  seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in seconds.items() if k != "total"))
         print(f"  retrieval_recall_at_500 {m['retrieval_recall_at_500']:.4f} "
               f"(popularity {m['popularity_recall_at_500']:.4f})")
         print(f"  index {m['index_type']}: recall@100 {m['index_recall_at_100']:.4f}")

@@ -6,6 +6,7 @@ embedding tables may stay in pinned host memory, read by the GPU in place (``emb
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from recpipe.accel.transfer import host_mapped
 from recpipe.config import DEFAULT_NUM_CANDIDATES
 from recpipe.errors import ArtifactMismatch, UsageError
 from recpipe.ranking import artifacts
+from recpipe.ranking import precision as precisions
 from recpipe.ranking.contract import RankingLimits, RankQuery
 from recpipe.ranking.model import SparseArch
 from recpipe.ranking.options import RankingOptions
@@ -33,9 +35,11 @@ class RankingCore:
     """``rank(user, items)`` -> (k,) float32 click probabilities, in the order of ``items``."""
 
     def __init__(self, repo: Repository, dev: torch.device, *, cuda_graphs: bool = True,
-                 embeddings: str = "device", graphs: str | None = None) -> None:
-        """``graphs`` overrides the mode ``cuda_graphs`` picks (``padded`` runs the CPU twin of graphs)."""
-        RankingOptions(cuda_graphs, embeddings)  # the options' own checks (UsageError)
+                 embeddings: str = "device", graphs: str | None = None, precision: str = "fp32") -> None:
+        """``graphs`` overrides the mode ``cuda_graphs`` picks (``padded`` runs the CPU twin of graphs);
+        ``precision`` is ``--ranking-precision`` (``recpipe.ranking.precision``; the library's default
+        is fp32, the same scores every time)."""
+        RankingOptions(cuda_graphs, precision, embeddings)  # the options' own checks (UsageError)
         if embeddings == "host" and dev.type != "cuda":
             raise UsageError(f"--embeddings host needs a CUDA device, the ranking device is {dev}")
         shapes = repo.section("shapes")
@@ -67,21 +71,42 @@ class RankingCore:
             tables.weight = torch.nn.Parameter(host_mapped(tables.weight, dev), requires_grad=False)
             if dev.type == "cuda":
                 torch.cuda.empty_cache()  # the device copy of the tables is garbage now
+        self.precision = self._choose_precision(precision, repo, n_user_tables)
         self.predictor.set_user_tables(n_user_tables)
         if self.predictor.graphs == "graph":  # capture the common shape now, not at the first request
             self.predictor.warm_up([DEFAULT_NUM_CANDIDATES])
 
+    def _choose_precision(self, requested: str, repo: Repository, n_user_tables: int) -> precisions.Choice:
+        """Resolve ``requested`` (``auto``: time each eligible form on a 1 x 500 request here) and make
+        ``self.predictor`` run the chosen form."""
+        current = self.predictor
+        by_form = repo.section("metrics").get("ranking_auc_by_precision") or None
+        candidates: dict[str, Predictor] = {}
+        if requested == "auto" and self.torch_device.type == "cpu":
+            for form in precisions.available(self.torch_device):
+                candidates[form] = Predictor(current.model, self.torch_device, current.graphs, form)
+                candidates[form].set_user_tables(n_user_tables)
+        timers = {form: functools.partial(p.warm_up, [DEFAULT_NUM_CANDIDATES]) for form, p in candidates.items()}
+        choice = precisions.choose(requested, self.torch_device, by_form, timers)
+        if choice.form != current.precision:
+            self.predictor = candidates.get(choice.form) or Predictor(current.model, self.torch_device, current.graphs,
+                                                                      choice.form)
+        return choice
+
     @classmethod
     def load(cls, models_dir: Path, device: str = "auto", *, cuda_graphs: bool = True, embeddings: str = "device",
-             graphs: str | None = None) -> RankingCore:
+             graphs: str | None = None, precision: str = "fp32") -> RankingCore:
         return cls(Repository.open(Path(models_dir)), devices.resolve(device), cuda_graphs=cuda_graphs,
-                   embeddings=embeddings, graphs=graphs)
+                   embeddings=embeddings, graphs=graphs, precision=precision)
 
     @property
     def details(self) -> dict[str, str]:
-        """For InfoService: how the forward runs."""
+        """For InfoService: how the forward runs, in which precision and why, and the CPU's ISA."""
         return {"cuda_graphs": self.predictor.graphs, "graphs_captured": str(self.predictor.graphs_captured),
-                "embeddings": self.embeddings if self.embeddings == "device" else "host (pinned, zero-copy)"}
+                "embeddings": self.embeddings if self.embeddings == "device" else "host (pinned, zero-copy)",
+                "interaction": self.config.interaction,
+                "precision": self.precision.form + (" (torch.compile)" if self.predictor.compiled else ""),
+                "precision_choice": self.precision.reason, "cpu_isa": precisions.describe_isa()}
 
     @property
     def limits(self) -> RankingLimits:

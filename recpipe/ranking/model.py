@@ -4,6 +4,9 @@
     item dense (B, Di) --DenseArch--> (B, D) ─┼─ InteractionArch -> (B, 2D + N(N-1)/2), N = F + 2
     sparse (B, F) --SparseArch--> (B, F, D) ──┘                     └─ OverArch -> (B,) click logits
 
+``interaction="dcn"`` replaces the pairwise dots with DCNv2 low-rank cross layers over the N
+concatenated vectors (``DCNInteractionArch``, (B, N*D) out), the interaction of MLPerf's DLRM-v2.
+
 One difference from the textbook DLRM: the user's and the item's dense features get a bottom MLP
 each, so they meet in a dot product in the interaction. A single bottom MLP over the concatenation
 would have to learn the user-latent x item-latent product with ReLUs, which it does poorly (the
@@ -29,6 +32,8 @@ from torch import nn
 from recpipe.errors import ArtifactMismatch
 from recpipe.nn import FusedEmbedding, mlp
 
+INTERACTIONS = ("dot", "dcn")
+
 
 @dataclass(frozen=True)
 class DLRMConfig:
@@ -38,12 +43,20 @@ class DLRMConfig:
     embedding_dim: int = 16
     bottom_dims: tuple[int, ...] = (128, 64)
     top_dims: tuple[int, ...] = (128, 64)
+    #: "dot" (pairwise dots, DLRM v1) or "dcn" (DCNv2 low-rank cross layers, DLRM-v2)
+    interaction: str = "dot"
+    dcn_layers: int = 3
+    dcn_rank: int = 64
 
     def __post_init__(self) -> None:
         if not self.table_sizes or min(self.table_sizes) < 1:
             raise ValueError("DLRM needs at least one table, each with at least one row")
         if self.user_dense_dim < 1 or self.item_dense_dim < 1 or self.embedding_dim < 1:
             raise ValueError("dense dims and embedding_dim must be >= 1")
+        if self.interaction not in INTERACTIONS:
+            raise ValueError(f"interaction must be one of {', '.join(INTERACTIONS)}, got {self.interaction!r}")
+        if self.dcn_layers < 1 or self.dcn_rank < 1:
+            raise ValueError("dcn_layers and dcn_rank must be >= 1")
 
     @property
     def dense_dim(self) -> int:
@@ -52,6 +65,16 @@ class DLRMConfig:
     @property
     def num_tables(self) -> int:
         return len(self.table_sizes)
+
+    @property
+    def num_vectors(self) -> int:
+        """N: the user and item dense vectors plus one per table."""
+        return self.num_tables + 2
+
+    @property
+    def over_in_dim(self) -> int:
+        n, d = self.num_vectors, self.embedding_dim
+        return n * d if self.interaction == "dcn" else 2 * d + n * (n - 1) // 2
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -66,6 +89,10 @@ class DLRMConfig:
                 embedding_dim=int(data["embedding_dim"]),
                 bottom_dims=tuple(int(x) for x in data["bottom_dims"]),
                 top_dims=tuple(int(x) for x in data["top_dims"]),
+                # repositories written before the DCN option have the dot interaction
+                interaction=str(data.get("interaction", "dot")),
+                dcn_layers=int(data.get("dcn_layers", 3)),
+                dcn_rank=int(data.get("dcn_rank", 64)),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ArtifactMismatch(f"{source}: malformed DLRM config ({e!r})") from None
@@ -140,6 +167,41 @@ class InteractionArch(nn.Module):
         return torch.cat([dense.flatten(1), dots.flatten(1).index_select(1, self.flat)], dim=1)
 
 
+class LowRankCrossNet(nn.Module):
+    """DCNv2 cross layers of rank r (torchrec's ``LowRankCrossNet``): (B, M) -> (B, M),
+
+        x_{l+1} = x_0 * (W_l (V_l x_l) + b_l) + x_l,   V_l: M -> r (no bias), W_l: r -> M.
+    """
+
+    def __init__(self, in_dim: int, layers: int, rank: int) -> None:
+        super().__init__()
+        vs = [nn.Linear(in_dim, rank, bias=False) for _ in range(layers)]
+        ws = [nn.Linear(rank, in_dim) for _ in range(layers)]
+        for v, w in zip(vs, ws, strict=True):
+            nn.init.xavier_normal_(v.weight)
+            nn.init.xavier_normal_(w.weight)
+            nn.init.zeros_(w.bias)
+        self.v = nn.ModuleList(vs)
+        self.w = nn.ModuleList(ws)
+
+    def forward(self, x0: torch.Tensor) -> torch.Tensor:
+        x = x0
+        for v, w in zip(self.v, self.w, strict=True):
+            x = x0 * w(v(x)) + x
+        return x
+
+
+class DCNInteractionArch(nn.Module):
+    """Cross layers over all feature vectors concatenated: dense (B, G, D) + sparse (B, F, D) -> (B, N*D)."""
+
+    def __init__(self, num_vectors: int, dim: int, layers: int, rank: int) -> None:
+        super().__init__()
+        self.crossnet = LowRankCrossNet(num_vectors * dim, layers, rank)
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        return self.crossnet(torch.cat([dense, sparse], dim=1).flatten(1))
+
+
 class OverArch(nn.Module):
     """Top MLP: (B, in) -> (B,) logits."""
 
@@ -158,12 +220,15 @@ class DLRM(nn.Module):
         super().__init__()
         self.config = config
         d = config.embedding_dim
-        n = config.num_tables + 2
+        n = config.num_vectors
         self.user_dense_arch = DenseArch(config.user_dense_dim, config.bottom_dims, d)
         self.item_dense_arch = DenseArch(config.item_dense_dim, config.bottom_dims, d)
         self.sparse_arch: nn.Module = SparseArch(config.table_sizes, d)
-        self.interaction = InteractionArch(n)
-        self.over_arch = OverArch(2 * d + n * (n - 1) // 2, config.top_dims)
+        self.interaction: nn.Module = (
+            DCNInteractionArch(n, d, config.dcn_layers, config.dcn_rank) if config.interaction == "dcn"
+            else InteractionArch(n)
+        )
+        self.over_arch = OverArch(config.over_in_dim, config.top_dims)
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
         du = self.config.user_dense_dim

@@ -17,13 +17,19 @@ padding at all by default.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
 from torch import nn
 
 from recpipe.accel.cuda_graphs import GraphRunner, bucket
 from recpipe.accel.transfer import DeviceIO
+from recpipe.nn import FusedEmbedding
+from recpipe.ranking import precision as precisions
 from recpipe.ranking.model import DLRM, SparseArch
+
+_log = logging.getLogger(__name__)
 
 #: Candidate-count buckets start here: fewer rows than this cost a GPU no more than this many.
 MIN_ROWS_BUCKET = 64
@@ -33,27 +39,57 @@ class Predictor:
     """``graphs``: ``eager`` (no padding; the CPU default), ``padded`` (bucketed shapes run eagerly: the
     CPU twin of graphs, or CUDA with graphs off) or ``graph`` (CUDA graph replay per bucket)."""
 
-    def __init__(self, model: DLRM, device: torch.device, graphs: str = "eager") -> None:
+    def __init__(self, model: DLRM, device: torch.device, graphs: str = "eager", precision: str = "fp32",
+                 compile: bool = True) -> None:
+        """``precision``: the form the factorised forward runs in (``recpipe.ranking.precision.FORMS``);
+        ``predict`` and the unfactorised path stay fp32. ``compile`` False keeps bf16 eager (the same
+        numbers up to rounding, without the compilation: what ``recpipe train`` measures AUC with)."""
+        if precision not in precisions.FORMS:
+            raise ValueError(f"precision must be one of {precisions.FORMS}, got {precision!r}")
         self.model = model.to(device).eval()
         self.device = device
         self.graphs = graphs
+        self.precision = precision
+        #: whether the forward runs compiled (``torch.compile``: the bf16 form, where it compiles)
+        self.compiled = False
+        self._compile = compile
         self.io = DeviceIO(device)
         self.num_user_tables = 0
-        self._split: _UserSplit | None = None
+        self._split: nn.Module | None = None
         self._runner: GraphRunner | None = None
 
     def set_user_tables(self, num_user_tables: int) -> None:
         """Enable the factorised path: the first ``num_user_tables`` sparse features belong to the user."""
         self.num_user_tables = num_user_tables
-        split = _UserSplit(self.model, num_user_tables).to(self.device)
-        split.gather_segments = self.graphs != "eager" or self.device.type != "cpu"
-        self._split = split
+        split = user_split(self.model, num_user_tables).to(self.device)
+        split.gather_segments = self.graphs != "eager" or self.device.type != "cpu"  # type: ignore[assignment]
+        run = precisions.convert(split, self.precision, compile=self._compile).eval()
+        if self.precision == "bf16" and self._compile:  # compile now, not at the first request; eager if it cannot compile
+            try:
+                self._warm(run, num_user_tables)
+            except Exception as e:  # any compiler failure (no C++ compiler, ...): the eager form works
+                _log.warning("torch.compile of the bf16 ranking forward failed (%s); running it eagerly",
+                             str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
+                run = precisions.convert(split, "bf16", compile=False).eval()
+                self.compiled = False
+            else:
+                self.compiled = True
+        self._split = run
 
         def probabilities(*inputs: torch.Tensor) -> torch.Tensor:
             ud, us, idn, isp, *seg = inputs
-            return torch.sigmoid(split(ud, us, idn, isp, seg[0] if seg else None))
+            return torch.sigmoid(run(ud, us, idn, isp, seg[0] if seg else None).float())
 
         self._runner = GraphRunner(probabilities, self.device, self.graphs)
+
+    def _warm(self, run: nn.Module, num_user_tables: int) -> None:
+        cfg = self.model.config
+        n = 500
+        with torch.inference_mode():
+            run(torch.zeros(1, cfg.user_dense_dim, device=self.device),
+                torch.zeros(1, num_user_tables, dtype=torch.long, device=self.device),
+                torch.zeros(n, cfg.item_dense_dim, device=self.device),
+                torch.zeros(n, cfg.num_tables - num_user_tables, dtype=torch.long, device=self.device), None)
 
     @property
     def graphs_captured(self) -> int:
@@ -117,63 +153,84 @@ class Predictor:
                          counts)
 
 
-class _UserSplit(nn.Module):
-    """The DLRM forward for one user x k items with the user-only work done once (see module doc)."""
+def _vector_order(model: DLRM, num_user_tables: int) -> tuple[list[int], list[int]]:
+    """Positions of the user-side and item-side vectors in the interaction's order
+    [user dense, item dense, user tables..., item tables...]."""
+    n = model.config.num_vectors
+    return [0, *range(2, 2 + num_user_tables)], [1, *range(2 + num_user_tables, n)]
 
-    w_user_dense: torch.Tensor
-    w_item_dense: torch.Tensor
-    w_const: torch.Tensor
-    w_var: torch.Tensor
-    bias: torch.Tensor
-    const_src: torch.Tensor
-    var_src: torch.Tensor
+
+def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
+    layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+        if bias is not None and layer.bias is not None:
+            layer.bias.copy_(bias)
+    return layer
+
+
+def user_split(model: DLRM, num_user_tables: int) -> nn.Module:
+    """The factorised forward for ``model``'s interaction (``_UserSplit`` or ``_DcnUserSplit``)."""
+    if not isinstance(model.sparse_arch, SparseArch):
+        raise TypeError("the factorised path needs the fused SparseArch")
+    if model.config.interaction == "dcn":
+        return _DcnUserSplit(model, num_user_tables)
+    return _UserSplit(model, num_user_tables)
+
+
+class _UserSplit(nn.Module):
+    """The DLRM forward for one user x k items with the user-only work done once (see module doc).
+
+    The first layer of the top MLP is split by what its inputs depend on: ``user_first`` over [user
+    vector, user x user dots] (once per user), and per candidate ``item_vec_first`` (the item vector),
+    ``item_user_first`` (every item-side x user-side dot: each pair once, so no column is gathered)
+    and ``item_item_first`` (the full (ni, ni) Gram matrix, weights on its upper triangle and zeros
+    elsewhere: a few more multiply-adds instead of a column gather, which costs more on a CPU). Every
+    matmul of the forward is an ``nn.Linear``, so the int8 form quantizes all of them.
+    """
+
+    user_src: torch.Tensor
 
     def __init__(self, model: DLRM, num_user_tables: int) -> None:
         super().__init__()
-        self.model = model
-        if not isinstance(model.sparse_arch, SparseArch):
-            raise TypeError("the factorised path needs the fused SparseArch")
-        self.tables = model.sparse_arch.tables
+        self.user_dense_arch = model.user_dense_arch
+        self.item_dense_arch = model.item_dense_arch
+        tables = model.sparse_arch.tables
+        assert isinstance(tables, FusedEmbedding)
+        self.tables = tables
         cfg = model.config
         d = cfg.embedding_dim
-        f = cfg.num_tables
-        u_tab = num_user_tables
-        n = f + 2
-        # vector order in the interaction: [user dense, item dense, user tables..., item tables...]
-        user_vecs = [0, *range(2, 2 + u_tab)]
-        item_vecs = [1, *range(2 + u_tab, n)]
+        n = cfg.num_vectors
+        user_vecs, item_vecs = _vector_order(model, num_user_tables)
         pos_u = {v: i for i, v in enumerate(user_vecs)}
         pos_i = {v: i for i, v in enumerate(item_vecs)}
         nu, ni = len(user_vecs), len(item_vecs)
-        rows, cols = torch.triu_indices(n, n, offset=1)
-        const_cols: list[int] = []
-        var_cols: list[int] = []
-        var_src: list[int] = []  # index into [item x user dots (ni*nu), item x item dots (ni*ni)]
-        const_src: list[int] = []  # index into user x user dots (nu*nu)
-        for p, (a, b) in enumerate(zip(rows.tolist(), cols.tolist(), strict=True)):
-            col = 2 * d + p
-            if a in pos_u and b in pos_u:
-                const_cols.append(col)
-                const_src.append(pos_u[a] * nu + pos_u[b])
-            elif a in pos_i and b in pos_i:
-                var_cols.append(col)
-                var_src.append(ni * nu + pos_i[a] * ni + pos_i[b])
-            else:
-                i, u = (a, b) if a in pos_i else (b, a)
-                var_cols.append(col)
-                var_src.append(pos_i[i] * nu + pos_u[u])
         first = model.over_arch.model[0]
         if not isinstance(first, nn.Linear):
             raise TypeError("the top MLP must start with a Linear layer")
         w = first.weight.detach()
-        self.register_buffer("w_user_dense", w[:, :d].clone(), persistent=False)
-        self.register_buffer("w_item_dense", w[:, d : 2 * d].clone(), persistent=False)
-        self.register_buffer("w_const", w[:, const_cols].clone(), persistent=False)
-        self.register_buffer("w_var", w[:, var_cols].clone(), persistent=False)
-        self.register_buffer("bias", first.bias.detach().clone(), persistent=False)
-        self.register_buffer("const_src", torch.tensor(const_src, dtype=torch.long), persistent=False)
-        self.register_buffer("var_src", torch.tensor(var_src, dtype=torch.long), persistent=False)
-        self.u_tab = u_tab
+        hidden = w.shape[0]
+        w_iu = torch.zeros(hidden, ni * nu, dtype=w.dtype, device=w.device)
+        w_ii = torch.zeros(hidden, ni * ni, dtype=w.dtype, device=w.device)
+        user_cols: list[int] = list(range(d))  # first-layer columns fed by [user vector, user x user dots]
+        user_src: list[int] = list(range(d))  # ... and where each comes from in that concatenation
+        rows, cols = torch.triu_indices(n, n, offset=1)
+        for p, (a, b) in enumerate(zip(rows.tolist(), cols.tolist(), strict=True)):
+            col = 2 * d + p
+            if a in pos_u and b in pos_u:
+                user_cols.append(col)
+                user_src.append(d + pos_u[a] * nu + pos_u[b])
+            elif a in pos_i and b in pos_i:
+                w_ii[:, pos_i[a] * ni + pos_i[b]] = w[:, col]
+            else:
+                i, u = (a, b) if a in pos_i else (b, a)
+                w_iu[:, pos_i[i] * nu + pos_u[u]] = w[:, col]
+        self.user_first = _linear(w[:, user_cols], first.bias.detach())
+        self.item_vec_first = _linear(w[:, d : 2 * d], None)
+        self.item_user_first = _linear(w_iu, None)
+        self.item_item_first = _linear(w_ii, None)
+        self.register_buffer("user_src", torch.tensor(user_src, dtype=torch.long), persistent=False)
+        self.u_tab = num_user_tables
         self.rest = model.over_arch.model[1:]
         #: How items meet their user's vectors when B > 1: a per-item gather + batched matmul (static
         #: shapes, what CUDA graphs need; padded rows break the per-user runs) or one matmul per user over
@@ -185,15 +242,15 @@ class _UserSplit(nn.Module):
     ) -> torch.Tensor:
         """ud (B, Du), us (B, U), idn (N, Di), isp (N, I), seg (N,) user index of each item (None when
         B == 1) -> (N,) logits."""
-        m = self.model
         offsets = self.tables.offsets
         weight = self.tables.weight
-        user_vec = m.user_dense_arch(ud)  # (B, D)
+        dtype = weight.dtype
+        user_vec = self.user_dense_arch(ud.to(dtype))  # (B, D)
         user_emb = torch.nn.functional.embedding(us + offsets[: self.u_tab], weight)  # (B, U, D)
         u = torch.cat([user_vec[:, None, :], user_emb], dim=1)  # (B, nu, D)
-        const = torch.bmm(u, u.transpose(1, 2)).flatten(1).index_select(1, self.const_src)  # (B, 990)
-        h0 = self.bias + const @ self.w_const.T + user_vec @ self.w_user_dense.T  # (B, H)
-        item_vec = m.item_dense_arch(idn)  # (N, D)
+        uu = torch.bmm(u, u.transpose(1, 2)).flatten(1)  # (B, nu*nu)
+        h0 = self.user_first(torch.cat([user_vec, uu], dim=1).index_select(1, self.user_src))  # (B, H)
+        item_vec = self.item_dense_arch(idn.to(dtype))  # (N, D)
         item_emb = torch.nn.functional.embedding(isp + offsets[self.u_tab :], weight)  # (N, I, D)
         v = torch.cat([item_vec[:, None, :], item_emb], dim=1)  # (N, ni, D)
         if seg is None:  # one user: a plain matmul against its vectors, no per-item copy of them
@@ -208,6 +265,70 @@ class _UserSplit(nn.Module):
             vu = vu.flatten(1)
             h_user = h0.index_select(0, seg)
         vv = torch.bmm(v, v.transpose(1, 2)).flatten(1)  # (N, ni*ni)
-        x_var = torch.cat([vu, vv], dim=1).index_select(1, self.var_src)  # (N, #var pairs)
-        h = h_user + item_vec @ self.w_item_dense.T + x_var @ self.w_var.T  # (N, H)
+        h = h_user + self.item_vec_first(item_vec) + self.item_user_first(vu) + self.item_item_first(vv)  # (N, H)
         return self.rest(h).squeeze(-1)
+
+
+class _DcnUserSplit(nn.Module):
+    """The DCN forward for one user x k items with the user-only work done once.
+
+    The cross layers act element-wise on x0, so their coordinates may be reordered freely: the copy
+    kept here orders x0 as [user vectors (nu*D), item vectors (ni*D)], which makes the first layer's
+    rank projection ``V_0 x0 = V_0u x_user + V_0i x_item`` with the user term computed once per user.
+    The later layers and the top MLP run per candidate on the full (N, N*D) state.
+    """
+
+    def __init__(self, model: DLRM, num_user_tables: int) -> None:
+        super().__init__()
+        from recpipe.ranking.model import DCNInteractionArch
+
+        if not isinstance(model.interaction, DCNInteractionArch):
+            raise TypeError("the DCN split needs a DCN interaction")
+        self.user_dense_arch = model.user_dense_arch
+        self.item_dense_arch = model.item_dense_arch
+        tables = model.sparse_arch.tables
+        assert isinstance(tables, FusedEmbedding)
+        self.tables = tables
+        d = model.config.embedding_dim
+        user_vecs, item_vecs = _vector_order(model, num_user_tables)
+        perm = torch.tensor([v * d + j for v in user_vecs + item_vecs for j in range(d)])
+        mu = len(user_vecs) * d
+        cross = model.interaction.crossnet
+        vs = [v for v in cross.v if isinstance(v, nn.Linear)]
+        ws = [w for w in cross.w if isinstance(w, nn.Linear)]
+        v0 = vs[0].weight.detach()[:, perm]
+        self.v0_user = _linear(v0[:, :mu], None)
+        self.v0_item = _linear(v0[:, mu:], None)
+        self.v = nn.ModuleList(_linear(v.weight.detach()[:, perm], None) for v in vs[1:])
+        self.w = nn.ModuleList(_linear(w.weight.detach()[perm], w.bias.detach()[perm]) for w in ws)
+        first = model.over_arch.model[0]
+        if not isinstance(first, nn.Linear):
+            raise TypeError("the top MLP must start with a Linear layer")
+        self.top = nn.Sequential(_linear(first.weight.detach()[:, perm], first.bias.detach()),
+                                 *list(model.over_arch.model)[1:])
+        self.u_tab = num_user_tables
+        self.gather_segments = True  # the same answer either way here: one gather of the user rows
+
+    def forward(
+        self, ud: torch.Tensor, us: torch.Tensor, idn: torch.Tensor, isp: torch.Tensor, seg: torch.Tensor | None
+    ) -> torch.Tensor:
+        """ud (B, Du), us (B, U), idn (N, Di), isp (N, I), seg (N,) or None (B == 1) -> (N,) logits."""
+        offsets = self.tables.offsets
+        weight = self.tables.weight
+        dtype = weight.dtype
+        user_vec = self.user_dense_arch(ud.to(dtype))  # (B, D)
+        user_emb = torch.nn.functional.embedding(us + offsets[: self.u_tab], weight)  # (B, U, D)
+        xu = torch.cat([user_vec[:, None, :], user_emb], dim=1).flatten(1)  # (B, nu*D)
+        pu = self.v0_user(xu)  # (B, r)
+        item_vec = self.item_dense_arch(idn.to(dtype))  # (N, D)
+        item_emb = torch.nn.functional.embedding(isp + offsets[self.u_tab :], weight)  # (N, I, D)
+        xi = torch.cat([item_vec[:, None, :], item_emb], dim=1).flatten(1)  # (N, ni*D)
+        if seg is None:
+            x0 = torch.cat([xu.expand(xi.shape[0], -1), xi], dim=1)
+        else:
+            x0 = torch.cat([xu.index_select(0, seg), xi], dim=1)
+            pu = pu.index_select(0, seg)
+        x = x0 * self.w[0](pu + self.v0_item(xi)) + x0
+        for v, w in zip(self.v, self.w[1:], strict=True):
+            x = x0 * w(v(x)) + x
+        return self.top(x).squeeze(-1)

@@ -2,7 +2,7 @@
 
 Every batch is built by the same ``FeatureCore`` methods that serve requests, with the rows' own
 strictly-earlier history counts (``FeatureCore.training_counts``). On CUDA the loops run under bf16 autocast with TF32
-matmuls; on CPU in float32.
+matmuls; on CPU in float32, except the DLRM's training steps on CPUs with native bf16 (``dlrm_autocast``).
 """
 
 from __future__ import annotations
@@ -10,17 +10,20 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from recpipe.features.core import FeatureCore
 from recpipe.features.history import RowCounts
 from recpipe.ranking.model import DLRM, DLRMConfig
 from recpipe.retrieval.model import TwoTower, TwoTowerConfig
 from recpipe.training.config import TrainConfig
+from recpipe.training.metrics import auc
 from recpipe.training.progress import Progress, batches
 
 log = logging.getLogger(__name__)
@@ -40,6 +43,16 @@ def autocast(device: torch.device) -> contextlib.AbstractContextManager[object]:
     if device.type == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+def dlrm_autocast(device: torch.device) -> contextlib.AbstractContextManager[object]:
+    """The DLRM's training forward: bf16 autocast on CUDA and on CPUs with native bf16 (AMX /
+    AVX512-BF16: steps ~2x faster here at the same held-out AUC, see BENCHMARKS.md), else fp32."""
+    from recpipe.ranking.precision import native_bf16
+
+    if device.type == "cpu" and native_bf16():
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    return autocast(device)
 
 
 def step_batch(rows: int, batch: int, min_steps: int, floor: int = 64) -> int:
@@ -144,6 +157,7 @@ def dlrm_config(core: FeatureCore, cfg: TrainConfig) -> DLRMConfig:
         item_dense_dim=core.item_dense_dim,
         table_sizes=tuple(p.table_sizes("users")) + tuple(p.table_sizes("items")),
         embedding_dim=cfg.embedding_dim,
+        interaction=cfg.interaction,
     )
 
 
@@ -176,47 +190,94 @@ def sample_ranking_rows(labels: np.ndarray, cfg: TrainConfig, rng: np.random.Gen
     return rows, weights.astype(np.float32)
 
 
-def _epochs(rng: np.random.Generator, rows: np.ndarray, batch: int, epochs: int) -> Iterator[np.ndarray]:
-    for _ in range(epochs):
-        yield from batches(len(rows), batch, rng)
+def _split_params(model: DLRM) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+    """(MLP parameters, embedding-table parameters)."""
+    tables = {id(p) for p in model.sparse_arch.parameters()}
+    return [p for p in model.parameters() if id(p) not in tables], [p for p in model.parameters() if id(p) in tables]
 
 
 def train_dlrm(
     core: FeatureCore, users: np.ndarray, items: np.ndarray, labels: np.ndarray, counts: RowCounts,
     cfg: TrainConfig, device: torch.device,
-) -> tuple[DLRM, dict[str, float]]:
+) -> tuple[DLRM, dict[str, Any]]:
+    """Train on the training rows in time order, less the latest ``cfg.ranking_val_fraction`` of them,
+    which choose the epoch: training stops after the first epoch that does not raise their AUC, and
+    the best epoch's weights are kept. Returns the model and its stats (per-epoch AUCs included)."""
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed + 1)
     model = DLRM(dlrm_config(core, cfg)).to(device)
-    opts = [torch.optim.Adam(model.parameters(), lr=cfg.ranking_lr, fused=True)]
-    rows, weights = sample_ranking_rows(labels, cfg, rng)
-    t0 = time.perf_counter()
+    dense_params, table_params = _split_params(model)
+    groups: list[dict[str, Any]] = [{"params": dense_params},
+                                    {"params": table_params, "lr": cfg.ranking_embedding_lr}]
+    opts = [torch.optim.Adam(groups, lr=cfg.ranking_lr, fused=True)]
+    n_val = int(len(labels) * cfg.ranking_val_fraction)
+    fit = len(labels) - n_val
+    rows, weights = sample_ranking_rows(labels[:fit], cfg, rng)
+    epochs = max(1, min(cfg.ranking_epochs, cfg.ranking_row_budget // max(1, len(rows))))
+    val = np.arange(fit, len(labels))
+    if len(val) > cfg.max_val_rows:
+        val = np.sort(rng.choice(val, cfg.max_val_rows, replace=False))
+    train_check = np.sort(rng.choice(fit, min(fit, cfg.max_val_rows // 2), replace=False))
+
+    def rows_auc(idx: np.ndarray) -> float:
+        scores = score_dlrm(model, core, users[idx], items[idx], device, counts=counts.take(idx))
+        return auc(labels[idx], scores)
+
+    batch = step_batch(len(rows), cfg.ranking_batch, cfg.min_steps)
+    history: list[dict[str, float]] = []
+    best: dict[str, torch.Tensor] | None = None
+    best_epoch, best_val = 0, -np.inf
     loss_value = float("nan")
-    model.train()
-    with Progress(len(rows) * cfg.ranking_epochs, "dlrm", cfg.progress) as bar:
-        for idx in _epochs(rng, rows, step_batch(len(rows), cfg.ranking_batch, cfg.min_steps), cfg.ranking_epochs):
-            r = rows[idx]
-            dense, sparse = ranking_batch(core, users[r], items[r], counts.take(r))
-            y = _t(labels[r].astype(np.float32), device)
-            w = _t(weights[idx], device)
-            with autocast(device):
-                logits = model(_t(dense, device), _t(sparse, device))
-            loss = (F.binary_cross_entropy_with_logits(logits.float(), y, reduction="none") * w).sum() / w.sum()
-            loss_value = _step(opts, loss)
-            bar.update(len(idx), loss_value)
-    seconds = time.perf_counter() - t0
+    fit_s = check_s = 0.0
+    with Progress(len(rows) * epochs, "dlrm", cfg.progress) as bar:
+        for epoch in range(1, epochs + 1):
+            t0 = time.perf_counter()
+            model.train()
+            for idx in batches(len(rows), batch, rng):
+                r = rows[idx]
+                dense, sparse = ranking_batch(core, users[r], items[r], counts.take(r))
+                y = _t(labels[r].astype(np.float32), device)
+                w = _t(weights[idx], device)
+                with dlrm_autocast(device):
+                    logits = model(_t(dense, device), _t(sparse, device))
+                loss = (F.binary_cross_entropy_with_logits(logits.float(), y, reduction="none") * w).sum() / w.sum()
+                loss_value = _step(opts, loss)
+                bar.update(len(idx), loss_value)
+            t1 = time.perf_counter()
+            model.eval()
+            val_auc = rows_auc(val) if len(val) else float("nan")
+            history.append({"epoch": epoch, "loss": round(loss_value, 5), "train_auc": round(rows_auc(train_check), 5),
+                            "val_auc": round(val_auc, 5), "seconds": round(t1 - t0, 3)})
+            fit_s += t1 - t0
+            check_s += time.perf_counter() - t1
+            if not len(val) or val_auc > best_val:
+                best_epoch, best_val = epoch, val_auc
+                best = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            elif epoch > best_epoch:  # no better than the best: later epochs only memorise more
+                break
+    if best is not None:
+        model.load_state_dict(best)
     model.eval()
-    n = len(rows) * cfg.ranking_epochs
-    return model, {"loss": loss_value, "seconds": seconds, "rows": float(n), "rows_per_s": n / max(seconds, 1e-9)}
+    chosen = history[best_epoch - 1]
+    n = len(rows) * len(history)
+    return model, {
+        "loss": loss_value, "seconds": fit_s + check_s, "fit_seconds": round(fit_s, 3),
+        "validation_seconds": round(check_s, 3), "rows": float(n), "rows_per_s": n / max(fit_s, 1e-9),
+        "epoch": best_epoch, "epochs_run": len(history), "epochs_max": epochs,
+        "train_auc": chosen["train_auc"], "val_auc": chosen["val_auc"], "val_rows": len(val),
+        "history": history,
+    }
 
 
 def score_dlrm(model: DLRM, core: FeatureCore, users: np.ndarray, items: np.ndarray, device: torch.device,
-               batch: int = 8192) -> np.ndarray:
-    """(n,) click probabilities with serving features (no leave-one-out: these rows are not in the counts)."""
+               batch: int = 8192, counts: RowCounts | None = None) -> np.ndarray:
+    """(n,) click probabilities: with serving features (``counts`` None: held-out rows are not in the
+    counts), or with training rows' own strictly-earlier ``counts``."""
     out = []
     with torch.inference_mode():
         for start in range(0, len(users), batch):
-            dense, sparse = ranking_batch(core, users[start : start + batch], items[start : start + batch], None)
+            part = None if counts is None else counts.take(np.arange(start, min(len(users), start + batch)))
+            dense, sparse = ranking_batch(core, users[start : start + batch], items[start : start + batch], part)
             with autocast(device):
                 logits = model(_t(dense, device), _t(sparse, device))
             out.append(torch.sigmoid(logits.float()).cpu().numpy())

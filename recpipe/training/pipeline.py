@@ -47,6 +47,7 @@ from recpipe.timesplit import split_by_time
 from recpipe.training import loops
 from recpipe.training.config import TrainConfig
 from recpipe.training.metrics import auc, recall_at_k
+from recpipe.training.precision_eval import precision_aucs
 
 log = logging.getLogger(__name__)
 RECALL_K = 500
@@ -196,6 +197,9 @@ def _train(
     scores = loops.score_dlrm(dlrm, core, eval_rows["user_id"].to_numpy(), eval_rows["item_id"].to_numpy(), dev)
     ranking_auc = auc(eval_rows["label"].to_numpy(), scores)
     t = lap("ranking_eval", t)
+    # the served forward in each precision this CPU runs, on the same rows: what --ranking-precision auto reads
+    auc_by_precision = precision_aucs(dlrm, core, eval_rows)
+    t = lap("precision_eval", t)
 
     out_parent = out.parent if str(out.parent) else Path(".")
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out_parent))
@@ -215,6 +219,12 @@ def _train(
             "metrics": {
                 "ranking_auc": round(ranking_auc, 5),
                 "oracle_auc": oracle.get("auc"),
+                "ranking_train_auc": dl_stats["train_auc"],
+                "ranking_val_auc": dl_stats["val_auc"],
+                "ranking_epoch": dl_stats["epoch"],
+                "ranking_epochs_run": dl_stats["epochs_run"],
+                "ranking_interaction": dlrm.config.interaction,
+                "ranking_auc_by_precision": auc_by_precision,
                 "oracle_recall_at_500": oracle.get("recall_at_500"),
                 "retrieval_recall_at_500": round(retrieval_recall, 5),
                 "popularity_recall_at_500": round(popularity_recall, 5),

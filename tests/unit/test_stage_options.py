@@ -28,6 +28,7 @@ def test_options_validate_once_in_their_stage() -> None:
                         (lambda: RetrievalOptions(rescore=-1), "--rescore"),
                         (lambda: RetrievalOptions(rescore=65), "--rescore"),
                         (lambda: RankingOptions(embeddings="disk"), "--embeddings"),
+                        (lambda: RankingOptions(precision="fp16"), "--ranking-precision"),
                         (lambda: GatewayOptions(max_in_flight=0), "--max-in-flight")):
         with pytest.raises(UsageError, match=match):
             make()
@@ -35,12 +36,12 @@ def test_options_validate_once_in_their_stage() -> None:
 
 def test_options_round_trip_through_the_command_line() -> None:
     chosen = {"retrieval": RetrievalOptions(cuda_graphs=False, precision="bf16", rescore=4),
-              "ranking": RankingOptions(cuda_graphs=False, embeddings="host"),
+              "ranking": RankingOptions(cuda_graphs=False, precision="int8", embeddings="host"),
               "gateway": GatewayOptions(max_in_flight=7)}
     argv = merged_argv(chosen.values())
     assert argv.count("--no-cuda-graphs") == 1  # one flag for both torch stages
     assert argv == ["--no-cuda-graphs", "--retrieval-precision", "bf16", "--rescore", "4",
-                    "--embeddings", "host", "--max-in-flight", "7"]
+                    "--ranking-precision", "int8", "--embeddings", "host", "--max-in-flight", "7"]
     back = REGISTRY.options(parse(argv))
     for name, opts in chosen.items():
         assert back[name] == opts

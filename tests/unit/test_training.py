@@ -64,6 +64,42 @@ def test_repository_contract(small_models: Path, small_dataset: Path) -> None:
     assert 0.0 <= m["popularity_recall_at_500"] <= 1.0 and 0.0 < m["retrieval_recall_at_500"] <= 1.0
     assert m["index_recall_at_100"] >= 0.95
     assert m["index_type"] in ("flat", "ivf", "hnsw")
+    # the DLRM's epoch choice and its precisions (--epochs 1: one epoch run, and chosen)
+    assert (m["ranking_epoch"], m["ranking_epochs_run"], m["ranking_interaction"]) == (1, 1, "dot")
+    assert 0.5 < m["ranking_train_auc"] <= 1.0 and 0.5 < m["ranking_val_auc"] <= 1.0
+    by_precision = m["ranking_auc_by_precision"]
+    assert {"fp32", "int8"} <= set(by_precision)
+    assert abs(by_precision["fp32"] - m["ranking_auc"]) < 1e-3  # the served forward scores what the model does
+    training = manifest["training"]
+    assert {"dlrm", "ranking_eval", "precision_eval", "total"} <= set(training["seconds"])
+    assert [h["epoch"] for h in training["dlrm"]["history"]] == [1]
+
+
+def test_dlrm_keeps_the_epoch_with_the_best_validation_auc(small_models: Path, small_dataset: Path) -> None:
+    import torch
+
+    from recpipe.features.core import FeatureCore
+    from recpipe.training import loops
+    from recpipe.training.config import TrainConfig
+
+    core = FeatureCore.load(small_models, small_dataset)
+    rng = np.random.default_rng(3)
+    n = 3000
+    users, items = rng.integers(0, core.num_users, n), rng.integers(0, core.num_items, n)
+    labels = (rng.random(n) < 0.3).astype(np.int64)  # pure noise: any epoch after the first only memorises it
+    counts = core.training_counts(pl.DataFrame({"user_id": users, "item_id": items, "label": labels,
+                                                "timestamp": np.arange(n)}))
+    cfg = TrainConfig(epochs=6, min_steps=20, ranking_embedding_lr=2e-2, ranking_lr=2e-2)
+    model, stats = loops.train_dlrm(core, users, items, labels, counts, cfg, torch.device("cpu"))
+    history = stats["history"]
+    vals = [h["val_auc"] for h in history]
+    assert stats["val_rows"] == n // 10 and 1 <= stats["epoch"] <= stats["epochs_run"] <= 6
+    assert vals[stats["epoch"] - 1] == max(vals)  # the kept epoch is the best one seen
+    if stats["epochs_run"] < 6:  # stopped early: right after an epoch that did not improve
+        assert stats["epochs_run"] == stats["epoch"] + 1
+    val = np.arange(n - n // 10, n)
+    again = loops.score_dlrm(model, core, users[val], items[val], torch.device("cpu"), counts=counts.take(val))
+    assert round(auc(labels[val], again), 5) == history[stats["epoch"] - 1]["val_auc"]  # its weights, restored
 
 
 def test_refuses_to_overwrite_without_force(small_models: Path, small_dataset: Path, capsys) -> None:
@@ -122,3 +158,15 @@ def test_device_resolution() -> None:
             resolve("cuda")
     else:
         assert describe(resolve("cuda")).startswith("cuda:0 (")
+
+
+def test_diagnose_reproduces_the_oracle_and_splits_the_logit(small_models: Path, small_dataset: Path, capsys) -> None:
+    from recpipe.training import diagnose
+
+    assert diagnose.main(["--data", str(small_dataset), "--models", str(small_models), "--rows", "5000"]) == 0
+    out = capsys.readouterr().out
+    oracle = read_json(small_dataset / "manifest.json")["oracle"]["auc"]
+    holdout = split_by_time(pl.read_parquet(small_dataset / "interactions.parquet"))[1]
+    if holdout.height <= 5000:  # every held-out row: the rebuilt world gives the generator's own oracle AUC
+        assert f"oracle AUC {oracle:.4f}" in out
+    assert "u.v" in out and "DLRM logit ~" in out

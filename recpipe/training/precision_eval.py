@@ -1,0 +1,56 @@
+"""Held-out AUC of the served ranking forward in each precision the CPU runs (``recpipe.ranking.precision``).
+
+The rows are scored the way ``RankingCore`` scores a request: grouped by user, through the
+factorised forward (``Predictor.score_batch``), on a CPU copy of the model (bf16 eagerly: the served
+form is the same computation compiled, equal up to rounding, and compiling would add to training time). ``--ranking-precision
+auto`` reads these numbers from the manifest (``metrics.ranking_auc_by_precision``).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import polars as pl
+import torch
+
+from recpipe.features.core import FeatureCore
+from recpipe.ranking import precision
+from recpipe.ranking.model import DLRM
+from recpipe.ranking.predictor import Predictor
+from recpipe.training.metrics import auc
+
+#: candidates per forward at most (users are never split across forwards)
+CHUNK_ROWS = 4096
+
+
+def served_scores(predictor: Predictor, core: FeatureCore, users: np.ndarray, items: np.ndarray) -> np.ndarray:
+    """(n,) probabilities for (user, item) rows sorted by user, one forward per chunk of whole users."""
+    out: list[np.ndarray] = []
+    starts = np.flatnonzero(np.r_[True, users[1:] != users[:-1]]) if len(users) else np.zeros(0, np.int64)
+    bounds = np.r_[starts, len(users)]
+    first = 0
+    while first < len(starts):
+        last = first + 1
+        while last < len(starts) and bounds[last + 1] - bounds[first] <= CHUNK_ROWS:
+            last += 1
+        lo, hi = bounds[first], bounds[last]
+        u = users[starts[first:last]]
+        out.append(predictor.score_batch(core.user_dense_rows(u), core.user_sparse[u],
+                                         core.item_dense_rows(users[lo:hi], items[lo:hi]), core.item_sparse[items[lo:hi]],
+                                         np.diff(bounds[first : last + 1]).tolist()))
+        first = last
+    return np.concatenate(out) if out else np.zeros(0, np.float32)
+
+
+def precision_aucs(model: DLRM, core: FeatureCore, rows: pl.DataFrame) -> dict[str, float]:
+    """{form: held-out AUC} for every form this CPU can run (fp32 first), on ``rows`` (user_id, item_id, label)."""
+    rows = rows.sort("user_id", maintain_order=True)
+    users, items, labels = (rows[c].to_numpy() for c in ("user_id", "item_id", "label"))
+    cpu_model = copy.deepcopy(model).cpu().eval()
+    result: dict[str, float] = {}
+    for form in precision.available(torch.device("cpu")):
+        predictor = Predictor(cpu_model, torch.device("cpu"), precision=form, compile=False)
+        predictor.set_user_tables(int(core.user_sparse.shape[1]))
+        result[form] = round(auc(labels, served_scores(predictor, core, users, items)), 5)
+    return result

@@ -1,0 +1,143 @@
+"""The DCN interaction, old configs, and the ranking forward's precisions on the CPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from recpipe.errors import UsageError
+from recpipe.ranking import precision
+from recpipe.ranking.model import DLRM, DLRMConfig, LowRankCrossNet
+from recpipe.ranking.predictor import Predictor, user_split
+
+SIZES = (7, 3, 11, 5, 2, 9)  # 4 "user" + 2 "item" tables
+
+
+def model_with(interaction: str, seed: int = 0) -> DLRM:
+    torch.manual_seed(seed)
+    model = DLRM(DLRMConfig(user_dense_dim=5, item_dense_dim=4, table_sizes=SIZES, embedding_dim=8,
+                            bottom_dims=(16,), top_dims=(32, 8), interaction=interaction, dcn_layers=2, dcn_rank=6))
+    with torch.no_grad():  # trained-looking weights: the cross layers' zero-initialised biases are not zero
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return model.eval()
+
+
+def requests(counts: list[int], seed: int = 1) -> tuple[np.ndarray, ...]:
+    g = np.random.default_rng(seed)
+    b, n = len(counts), sum(counts)
+    return (g.standard_normal((b, 5)).astype(np.float32), np.stack([g.integers(0, s, b) for s in SIZES[:4]], 1),
+            g.standard_normal((n, 4)).astype(np.float32), np.stack([g.integers(0, s, n) for s in SIZES[4:]], 1))
+
+
+def plain_scores(model: DLRM, ud: np.ndarray, us: np.ndarray, idn: np.ndarray, isp: np.ndarray,
+                 counts: list[int]) -> np.ndarray:
+    seg = np.repeat(np.arange(len(counts)), counts)
+    dense = torch.from_numpy(np.concatenate([ud[seg], idn], 1))
+    sparse = torch.from_numpy(np.concatenate([us[seg], isp], 1))
+    with torch.inference_mode():
+        return torch.sigmoid(model(dense, sparse)).numpy()
+
+
+def test_cross_layer_is_the_dcn_v2_formula() -> None:
+    torch.manual_seed(0)
+    net = LowRankCrossNet(6, layers=1, rank=2)
+    x0 = torch.randn(3, 6)
+    v, w = net.v[0], net.w[0]
+    assert isinstance(v, torch.nn.Linear) and isinstance(w, torch.nn.Linear)
+    expect = x0 * (x0 @ v.weight.T @ w.weight.T + w.bias) + x0
+    torch.testing.assert_close(net(x0), expect)
+    assert DLRMConfig(5, 4, SIZES, 8, interaction="dcn").over_in_dim == 8 * 8
+
+
+@pytest.mark.parametrize("interaction", ["dot", "dcn"])
+@pytest.mark.parametrize("graphs", ["eager", "padded"])
+@pytest.mark.parametrize("counts", [[25], [5, 1, 12]])
+def test_factorised_forward_equals_the_plain_one(interaction: str, graphs: str, counts: list[int]) -> None:
+    model = model_with(interaction)
+    predictor = Predictor(model, torch.device("cpu"), graphs)
+    predictor.set_user_tables(4)
+    args = requests(counts)
+    np.testing.assert_allclose(predictor.score_batch(*args, counts), plain_scores(model, *args, counts),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_old_configs_load_as_the_dot_interaction() -> None:
+    data = DLRMConfig(5, 4, SIZES).to_json()
+    for key in ("interaction", "dcn_layers", "dcn_rank"):
+        del data[key]
+    assert DLRMConfig.from_json(data).interaction == "dot"
+    with pytest.raises(ValueError, match="interaction"):
+        DLRMConfig(5, 4, SIZES, interaction="cross")
+
+
+@pytest.mark.parametrize(("interaction", "form"), [pytest.param("dot", "bf16", marks=pytest.mark.slow),
+                                                   ("dot", "int8"), ("dcn", "int8")])
+def test_lower_precisions_stay_close_to_fp32_and_leave_its_weights_alone(interaction: str, form: str) -> None:
+    if form == "bf16" and not precision.native_bf16():
+        pytest.skip("no native bf16 on this CPU")
+    model = model_with(interaction)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    counts = [40, 7]
+    args = requests(counts)
+    fp32 = Predictor(model, torch.device("cpu"))
+    fp32.set_user_tables(4)
+    low = Predictor(model, torch.device("cpu"), precision=form)
+    low.set_user_tables(4)
+    ref, got = fp32.score_batch(*args, counts), low.score_batch(*args, counts)
+    assert got.dtype == np.float32 and got.shape == ref.shape
+    assert not np.array_equal(got, ref)  # it really ran in another precision
+    np.testing.assert_allclose(got, ref, atol=0.05)
+    assert np.corrcoef(got, ref)[0, 1] > 0.98
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(v, before[k])
+    assert low.compiled == (form == "bf16")  # bf16 runs compiled (this CPU has a compiler), int8 eagerly
+    if form == "bf16":  # compiled with dynamic shapes: another candidate count, the same answers as eager
+        eager = precision.convert(user_split(model, 4), "bf16", compile=False)
+        with torch.inference_mode():
+            t = [torch.from_numpy(a) for a in requests([9])]
+            want = torch.sigmoid(eager(t[0], t[1], t[2], t[3], None).float()).numpy()
+        np.testing.assert_allclose(low.score_batch(*requests([9]), [9]), want, atol=2e-2)
+
+
+def test_precision_choice() -> None:
+    cpu = torch.device("cpu")
+    calls: list[str] = []
+    timers = {f: (lambda f=f: calls.append(f)) for f in precision.FORMS}
+    assert precision.check("int8") == "int8"
+    with pytest.raises(UsageError, match="--ranking-precision"):
+        precision.check("fp16")
+    assert precision.choose("fp32", cpu, None, timers).form == "fp32"
+    old = precision.choose("auto", cpu, None, timers)
+    assert old.form == "fp32" and "no per-precision AUC" in old.reason and not calls
+    # int8 loses too much AUC: never timed, never picked
+    picked = precision.choose("auto", cpu, {"fp32": 0.80, "bf16": 0.7995, "int8": 0.79}, timers, rounds=2)
+    assert picked.form in ("fp32", "bf16") and "int8" not in calls and "over the AUC budget: int8" in picked.reason
+    with pytest.raises(UsageError, match="CUDA"):
+        precision.choose("int8", torch.device("cuda"), None, timers)
+    assert precision.choose("auto", torch.device("cuda"), {"fp32": 0.8}, timers).form == "fp32"
+
+
+def test_cpu_flags_are_read_from_cpuinfo(tmp_path) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 amx_int8\n")
+    flags = precision.cpu_flags(info)
+    assert flags == ("avx512_bf16", "amx_int8", "avx512f", "avx2")
+    assert precision.native_bf16(flags) and not precision.native_bf16(("avx2",))
+    assert precision.cpu_flags(tmp_path / "missing") == ()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("interaction", ["dot", "dcn"])
+def test_cuda_graph_replay_equals_the_cpu_forward(interaction: str) -> None:
+    model = model_with(interaction)
+    cpu = Predictor(model, torch.device("cpu"))
+    cpu.set_user_tables(4)
+    gpu = Predictor(model_with(interaction), torch.device("cuda"), "graph")
+    gpu.set_user_tables(4)
+    for counts in ([25], [5, 1, 12]):
+        args = requests(counts)
+        np.testing.assert_allclose(gpu.score_batch(*args, counts), cpu.score_batch(*args, counts), rtol=1e-3, atol=1e-4)
+    assert gpu.graphs_captured == 2
