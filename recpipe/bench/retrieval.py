@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         return lambda i: flat.search(tower(i).float().cpu().numpy(), k)[1][0]
 
     for k in ks:
-        found = np.stack([served_at(k)(i) for i in range(args.queries)])
+        found = np.stack([retrieval.retrieve(users[i], k).item_ids for i in range(args.queries)])
         print(f"served recall@{k} vs exact on these queries: {faiss_index.recall(found, truth[k]):.4f}")
     forms: list[tuple[str, Callable[[int], object]]] = [
         (f"user tower ({d['user_tower']}, served)", tower), ("user tower (torch module)", torch_tower)]
