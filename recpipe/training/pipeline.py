@@ -205,6 +205,7 @@ def _train(
     try:
         # each stage writes its own artifacts (recpipe/<stage>/artifacts.py), and reads them back the same way
         feature_artifacts.save(tmp, prep, core.config)
+        feature_artifacts.save_rows(tmp, *core.rows())
         retrieval_artifacts.save(tmp, two_tower, item_emb, index, spec, tried)
         ranking_artifacts.save(tmp, dlrm)
         timings["total"] = round(time.perf_counter() - t_start, 3)
