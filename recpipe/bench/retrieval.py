@@ -56,7 +56,8 @@ def _parse(args: argparse.Namespace) -> tuple[list[int], list[str]]:
         raise UsageError(f"--rescore must be in 0..{MAX_RESCORE}, got {args.rescore}")
     if not 0 < args.target <= 1:
         raise UsageError(f"--target must be in (0, 1], got {args.target}")
-    kinds = {"all": list(KINDS), "none": []}.get(args.kinds) or [x.strip() for x in args.kinds.split(",")]
+    named = {"all": list(KINDS), "none": []}
+    kinds = named[args.kinds] if args.kinds in named else [x.strip() for x in args.kinds.split(",")]
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown:
         raise UsageError(f"--kinds: unknown {', '.join(unknown)}; choose from {', '.join(KINDS)}, all or none")
