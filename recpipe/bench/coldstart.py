@@ -49,6 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--source", type=Path, default=None,
                         help="another source tree to start the same stages from, alternating (the baseline)")
+    parser.add_argument("--source-models", type=Path, default=None,
+                        help="model repository for the --source tree (default --models; a baseline may not read "
+                             "a repository trained by this tree)")
     parser.add_argument("--breakdown", action="store_true", help="also time each stage's imports alone")
     parser.add_argument("--poll-ms", type=float, default=10.0, help="health poll interval (default %(default)s)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds a start may take (default %(default)s)")
@@ -146,6 +149,9 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     models, data = args.models.resolve(), args.data.resolve()
+    source_models = (args.source_models or args.models).resolve()
+    if not source_models.is_dir():
+        raise UsageError(f"--source-models {source_models}: no such directory")
     sources: list[Path | None] = [args.source, None] if args.source is not None else [None]
     label = {None: "this tree"} | ({args.source: f"--source {args.source}"} if args.source else {})
     took: dict[tuple[str, Path | None], list[float]] = {}
@@ -153,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
     for _ in range(args.repeats):
         for stage in stages:
             for src in sources:
-                r = cold_start(stage, models, data, source=src, threads=args.threads, timeout=args.timeout,
+                r = cold_start(stage, models if src is None else source_models, data, source=src, threads=args.threads, timeout=args.timeout,
                                poll_s=args.poll_ms / 1e3)
                 took.setdefault((stage, src), []).append(r.serving_s)
                 if args.breakdown:
