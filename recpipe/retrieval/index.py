@@ -317,3 +317,70 @@ def _io_flags(kind: str) -> int:
     rewrites a file in place."""
     del kind  # one flag for all kinds today; the kind stays in the signature for faiss versions that differ
     return int(getattr(faiss, "IO_FLAG_MMAP_IFC", 0))
+
+
+#: ``--retrieval-precision``: the dtype the item embeddings are scanned in by ``TorchExactSearch``.
+PRECISIONS = ("fp32", "fp16", "bf16")
+_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+class TorchExactSearch:
+    """Exact inner-product top-k with torch (matmul + topk), on any device, in fp32 or half precision.
+
+    ``precision`` fp16/bf16 keeps the item embeddings in that dtype on the device: the scan reads half
+    the bytes (the matmul of one query against all items is memory-bound). With ``rescore`` r > 0 the
+    top r*k of the half-precision scan are scored again in fp32 (from an fp32 copy, gathered row by
+    row) and the top k of those kept, so only items near the cut-off can be lost to rounding; scores
+    returned are then exact fp32 inner products. ``rescore`` 0 returns the half-precision top k.
+    """
+
+    def __init__(self, embeddings: np.ndarray, device: torch.device, precision: str = "fp32",
+                 rescore: int = 0) -> None:
+        if precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {precision!r}: choose {', '.join(PRECISIONS)}")
+        if rescore < 0:
+            raise ValueError(f"rescore must be >= 0, got {rescore}")
+        full = torch.as_tensor(np.ascontiguousarray(embeddings, dtype=np.float32), device=device)
+        self.device = device
+        self.precision = precision
+        self.rescore = rescore if precision != "fp32" else 0
+        self.items = full if precision == "fp32" else full.to(_DTYPES[precision])
+        self.full = full if self.rescore else None
+
+    @property
+    def num_items(self) -> int:
+        return int(self.items.shape[0])
+
+    def search_tensors(self, queries: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, D) queries -> (B, k) float32 scores, (B, k) int64 ids, on the device, scores descending."""
+        q = queries.to(self.device, non_blocking=True).float()
+        scan = q.to(self.items.dtype) @ self.items.T  # (B, N)
+        if self.full is None:
+            scores, ids = torch.topk(scan, k, dim=1)
+            return scores.float(), ids
+        cand = torch.topk(scan, min(self.num_items, self.rescore * k), dim=1).indices  # (B, r*k)
+        exact = torch.bmm(self.full[cand], q[:, :, None]).squeeze(-1)  # (B, r*k) fp32
+        scores, pos = torch.topk(exact, k, dim=1)
+        return scores, cand.gather(1, pos)
+
+    def search(self, queries: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
+        scores, ids = self.search_tensors(queries, k)
+        return scores.float().cpu().numpy(), ids.cpu().numpy()
+
+
+def half_recall(embeddings: np.ndarray, device: torch.device, precision: str, rescore: int, k: int = 500,
+                queries: np.ndarray | None = None, num_queries: int = 256, seed: int = 0) -> float:
+    """Recall@k of ``TorchExactSearch(precision, rescore)`` against the fp32 exact search, on ``queries``
+    (default: ``num_queries`` item vectors drawn at random, a stand-in for users: same space, same norm)."""
+    n = embeddings.shape[0]
+    k = min(k, n)
+    if queries is None:
+        rng = np.random.default_rng(seed)
+        queries = embeddings[np.sort(rng.choice(n, min(num_queries, n), replace=False))]
+    q = torch.as_tensor(np.ascontiguousarray(queries, dtype=np.float32), device=device)
+    half = TorchExactSearch(embeddings, device, precision, rescore)
+    found = np.concatenate([half.search_tensors(q[i : i + 64], k)[1].cpu().numpy() for i in range(0, len(q), 64)])
+    del half
+    truth = exact_topk(np.ascontiguousarray(queries, dtype=np.float32),
+                       torch.as_tensor(np.ascontiguousarray(embeddings, dtype=np.float32), device=device), k, batch=64)
+    return recall(found, truth)
