@@ -137,11 +137,12 @@ class FeatureCore:
         repo.check_dataset(Path(data_dir))
         preprocessor = load_preprocessor(repo)
         config = load_config(repo)
+        # the rows below were computed from these files: a changed file is refused either way
+        verify_dataset(Path(data_dir), [schema.TABLE_FILES[t.name] for t in schema.TABLES])
         rows = load_rows(repo)
         if rows is not None:  # computed once by `recpipe train`: no Parquet read, nothing encoded here
             core = cls.from_rows(preprocessor, config, *rows, model_version=repo.version)
         else:
-            verify_dataset(Path(data_dir), [schema.TABLE_FILES[t.name] for t in schema.TABLES])
             users, items, interactions = read_tables(Path(data_dir))
             train, _ = split_by_time(interactions)
             core = cls(preprocessor, users, items, train, config, repo.version)
