@@ -41,7 +41,7 @@ SERVE_K = 500
 #: auto skips HNSW above this many items: its build alone would eat the training time budget on 2 cores
 AUTO_HNSW_MAX_ITEMS = 300_000
 #: refine depths tried for ``ivfpqfs``: the fast-scan returns k_factor x k, re-scored exactly
-K_FACTORS = (2, 3, 4, 8)
+K_FACTORS = (2, 4, 8)
 _NPROBES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 _EF_SEARCHES = (16, 32, 64, 128, 192, 256, 384, 512, 640, 768, 1024, 1536, 2048)
 
@@ -211,7 +211,9 @@ def tune(
         reached: list[IndexSpec] = []
         for kf in K_FACTORS if kind == "ivfpqfs" else (0,):
             last = -1.0
-            for p in steps:
+            # a deeper refine only pays with fewer probes than a shallower one already needed
+            bound = min((s.nprobe for s in reached), default=nlist + 1)
+            for p in (q for q in steps if q < bound):
                 spec = IndexSpec(**{**asdict(base), "nprobe": p, "k_factor": kf,
                                     "pq_m": pq_subquantizers(d) if kf else 0})
                 r = measure(spec, k)
