@@ -9,7 +9,7 @@ from pathlib import Path
 from recpipe.config import DEFAULT_MODELS_DIR
 from recpipe.errors import UsageError
 
-INDEX_CHOICES = ("auto", "flat", "ivf", "hnsw")
+INDEX_CHOICES = ("auto", "flat", "ivf", "ivfsq8", "ivfpqfs", "hnsw")
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 PREPROCESS_CHOICES = ("polars", "nvtabular")
 
@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epochs", type=int, default=None, help="epochs for both models (default: 2 for the two-tower, 1 for the DLRM)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--index", default="auto", choices=INDEX_CHOICES,
-                        help="FAISS index; auto = the fastest reaching recall@100 >= 0.95 against exact search")
+                        help="FAISS index; auto = the fastest at k = 500 reaching recall@500 >= 0.95 against exact search")
     parser.add_argument("--preprocess", default="polars", choices=PREPROCESS_CHOICES,
                         help="engine fitting the preprocessing (default polars); nvtabular runs in its own "
                              "environment and exports the same artifacts")

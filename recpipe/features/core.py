@@ -13,8 +13,10 @@ Shapes: ``UserFeatures.dense`` (Du,) = 40 encoded continuous + 3 user aggregates
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,7 @@ import polars as pl
 from recpipe import schema
 from recpipe.errors import ArtifactMismatch
 from recpipe.features import history as hist
-from recpipe.features.artifacts import CONFIG_FILE, FeatureConfig, load_config, load_preprocessor
+from recpipe.features.artifacts import CONFIG_FILE, FeatureConfig, load_config, load_preprocessor, load_rows
 from recpipe.features.contract import FeatureLimits, ItemsQuery, UserQuery
 from recpipe.preprocess import Preprocessor
 from recpipe.types import ItemFeatures, UserFeatures
@@ -133,12 +135,17 @@ class FeatureCore:
                         pl.thread_pool_size(), threads)
         repo = Repository.open(Path(models_dir))
         repo.check_dataset(Path(data_dir))
-        verify_dataset(Path(data_dir), [schema.TABLE_FILES[t.name] for t in schema.TABLES])
         preprocessor = load_preprocessor(repo)
         config = load_config(repo)
-        users, items, interactions = read_tables(Path(data_dir))
-        train, _ = split_by_time(interactions)
-        core = cls(preprocessor, users, items, train, config, repo.version)
+        # the rows below were computed from these files: a changed file is refused either way
+        verify_dataset(Path(data_dir), [schema.TABLE_FILES[t.name] for t in schema.TABLES])
+        rows = load_rows(repo)
+        if rows is not None:  # computed once by `recpipe train`: no Parquet read, nothing encoded here
+            core = cls.from_rows(preprocessor, config, *rows, model_version=repo.version)
+        else:
+            users, items, interactions = read_tables(Path(data_dir))
+            train, _ = split_by_time(interactions)
+            core = cls(preprocessor, users, items, train, config, repo.version)
         shapes = repo.section("shapes")
         for key, have in (("num_users", core.num_users), ("num_items", core.num_items),
                           ("user_dense_dim", core.user_dense_dim), ("item_dense_dim", core.item_dense_dim)):
@@ -147,6 +154,58 @@ class FeatureCore:
                     f"{repo.root / 'manifest.json'}: shapes.{key} = {shapes.get(key)} but the data gives {have}"
                 )
         return core
+
+    _ROW_ARRAYS = ("user_category", "item_category", "user_sparse", "item_sparse", "user_dense", "item_base")
+
+    def rows(self) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+        """Everything a request reads, as arrays + string metadata (``features.artifacts.save_rows``).
+        The encoded continuous columns are the leading columns of ``user_dense``/``item_base``."""
+        h, c = self.history, self.cross_keys
+        arrays = {name: getattr(self, name) for name in self._ROW_ARRAYS}
+        arrays |= {"cross.item_top": c.item_top, "cross.user_cluster": c.user_cluster, "history.recent": h.recent}
+        arrays |= {f"history.{n}": getattr(h, n) for n in
+                   ("user_impressions", "user_clicks", "item_impressions", "item_clicks")}
+        for name, table in h.crosses.items():
+            arrays |= {f"crosses.{name}.{n}": getattr(table, n) for n in ("keys", "impressions", "clicks")}
+        meta = {"config": json.dumps(asdict(self.config)), "ctr_prior": repr(h.ctr_prior),
+                "user_continuous_dim": str(self.user_continuous.shape[1]),
+                "item_continuous_dim": str(self.item_continuous.shape[1]), "crosses": ",".join(h.crosses)}
+        return arrays, meta
+
+    @classmethod
+    def from_rows(cls, preprocessor: Preprocessor, config: FeatureConfig, arrays: dict[str, np.ndarray],
+                  meta: dict[str, str], model_version: str = "") -> FeatureCore:
+        """The core ``rows()`` describes (the same arrays, read-only), without the dataset."""
+        path = f"{CONFIG_FILE.rsplit('/', 1)[0]}/rows.safetensors"
+        try:
+            saved = FeatureConfig(**json.loads(meta["config"]))
+            if saved != config:
+                raise ArtifactMismatch(f"{path}: written for {saved}, {CONFIG_FILE} says {config}")
+            self = cls.__new__(cls)
+            for name in cls._ROW_ARRAYS:
+                setattr(self, name, arrays[name])
+            crosses = {n: hist.CountTable(*(arrays[f"crosses.{n}.{f}"] for f in ("keys", "impressions", "clicks")))
+                       for n in meta["crosses"].split(",") if n}
+            self.history = hist.History(
+                ctr_prior=float(meta["ctr_prior"]), user_impressions=arrays["history.user_impressions"],
+                user_clicks=arrays["history.user_clicks"], item_impressions=arrays["history.item_impressions"],
+                item_clicks=arrays["history.item_clicks"], crosses=crosses, recent=arrays["history.recent"])
+            self.user_continuous = self.user_dense[:, : int(meta["user_continuous_dim"])]
+            self.item_continuous = self.item_base[:, : int(meta["item_continuous_dim"])]
+        except (KeyError, TypeError, ValueError) as e:
+            raise ArtifactMismatch(f"{path}: malformed ({e!r})") from None
+        self.cross_keys = hist.CrossKeys(self.item_category, arrays["cross.item_top"], arrays["cross.user_cluster"],
+                                         saved.num_categories, saved.num_top_categories)
+        self.preprocessor = preprocessor
+        self.model_version = model_version
+        self.num_users = int(self.user_dense.shape[0])
+        self.num_items = int(self.item_base.shape[0])
+        self.history_len = saved.history_len
+        self.config = saved
+        self.user_dense_dim = int(self.user_dense.shape[1])
+        self.item_base_dim = int(self.item_base.shape[1])
+        self.item_dense_dim = self.item_base_dim + len(hist.CROSS_FEATURES)
+        return self
 
     def describe(self) -> dict[str, Any]:
         return {"num_users": self.num_users, "num_items": self.num_items, "user_dense_dim": self.user_dense_dim,

@@ -33,6 +33,7 @@ from recpipe.repository import Repository
 from recpipe.retrieval import artifacts
 from recpipe.retrieval import index as faiss_index
 from recpipe.retrieval.contract import RetrievalLimits, RetrieveQuery
+from recpipe.retrieval.model import FoldedUserTower
 from recpipe.retrieval.options import DEFAULT_RESCORE, RetrievalOptions
 from recpipe.types import Candidates, UserFeatures
 
@@ -106,7 +107,9 @@ class RetrievalCore:
             "max_nprobe": str(spec.max_nprobe),
             "ef_search": str(spec.ef_search),
             "max_ef_search": str(spec.max_ef_search),
+            "k_factor": str(spec.k_factor),
             "recall_at_100": f"{spec.recall_at_100:.4f}",
+            "recall_at_500": f"{spec.recall_at_500:.4f}",
             "backend": backend,
             "device": self.device,
             "precision": precision,
@@ -123,6 +126,10 @@ class RetrievalCore:
             if self.exact is not None:
                 self._exact_retrieve(*zeros, min(DEFAULT_NUM_CANDIDATES, self.num_items))
         self._fallback: faiss.Index | None = None
+        # the FAISS backend on the CPU runs the tower folded into numpy (same function, fewer dispatches)
+        self._folded = FoldedUserTower(self.tower) if self.exact is None and self._tower.mode == "eager" \
+            and dev.type == "cpu" else None
+        self.details["user_tower"] = "folded-numpy" if self._folded is not None else "torch"
 
     @classmethod
     def load(cls, models_dir: Path, device: str = "auto", *, cuda_graphs: bool = True, precision: str = "auto",
@@ -143,6 +150,8 @@ class RetrievalCore:
     def query_embeddings(self, dense: np.ndarray, sparse: np.ndarray) -> torch.Tensor:
         """(B, Du) + (B, 44) -> (B, D) query vectors on the core's device (the batch padded to its bucket
         when the tower runs as a graph, or as the graph's CPU twin)."""
+        if self._folded is not None:
+            return torch.from_numpy(self._folded(dense, sparse))
         b = dense.shape[0]
         rows = bucket(b) if self._tower.padded else b
         with torch.inference_mode(), self.io.stream():
@@ -166,7 +175,8 @@ class RetrievalCore:
         if self.exact is not None:
             return self._exact_batch(queries, dense, sparse)
         # FAISS searches from host memory: one copy of the (B, D) query vectors, whatever the groups
-        emb = self.query_embeddings(dense, sparse).float().cpu().numpy()
+        emb = self._folded(dense, sparse) if self._folded is not None else \
+            self.query_embeddings(dense, sparse).float().cpu().numpy()
         # An input that overflowed the tower gives a zero/NaN query: its scores are reported as NaN, which
         # the servicer answers as out of the model's range (recpipe.finite).
         bad = degenerate(np.linalg.norm(emb, axis=1))
@@ -230,7 +240,7 @@ class RetrievalCore:
         """FAISS top-k for the (B, D) queries; a row that comes back short is searched again alone,
         wider, exactly as it would have been without the others."""
         spec = self.spec
-        probe = min(nprobe or spec.nprobe, spec.max_nprobe) if spec.kind == "ivf" else 0
+        probe = min(nprobe or spec.nprobe, spec.max_nprobe) if spec.kind in faiss_index.IVF_KINDS else 0
         ef = min(ef_search or spec.ef_search, spec.max_ef_search) if spec.kind == "hnsw" else 0
         faiss_index.set_search_params(self.index, spec, nprobe=probe, ef_search=ef, k=k)
         scores, ids = self.index.search(q, k)
@@ -242,7 +252,7 @@ class RetrievalCore:
         spec = self.spec
         while True:
             # Too few items in the probed lists / visited nodes for k results: widen the search.
-            if spec.kind == "ivf" and probe < spec.nlist:
+            if spec.kind in faiss_index.IVF_KINDS and probe < spec.nlist:
                 probe = min(spec.nlist, probe * 2)
             elif spec.kind == "hnsw" and ef < 4 * max(k, spec.ef_search):
                 ef = 2 * max(ef, k)

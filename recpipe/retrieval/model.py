@@ -18,6 +18,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -106,3 +107,59 @@ class TwoTower(nn.Module):
         same.fill_diagonal_(False)
         logits = logits.masked_fill(same, float("-inf"))
         return F.cross_entropy(logits, torch.arange(user.shape[0], device=user.device))
+
+
+class FoldedUserTower:
+    """The user tower folded for the CPU, in numpy: (B, Du) float32 + (B, T) int64 -> (B, out) float32.
+
+    The first Linear after the embedding concat is linear in each table's embedding, so each table's
+    rows are projected through their slice of its weight once, at load: the lookup, the concat and
+    most of the first layer become one gather of T rows of width H and a sum. For one user this is a
+    few numpy calls instead of ~10 torch dispatches (the tower was ~60% of a served retrieve on the CPU).
+    Same function as ``Tower.forward`` up to float32 summation order.
+    """
+
+    def __init__(self, tower: Tower) -> None:
+        with torch.no_grad():
+            emb = tower.embedding.weight.detach().float().cpu().numpy()
+            offsets = tower.embedding.offsets.cpu().numpy()
+            layers = list(tower.mlp)
+            first = layers[0]
+            assert isinstance(first, nn.Linear)
+            w1 = first.weight.detach().float().cpu().numpy()  # (H, Du + T*E)
+            b1 = first.bias.detach().float().cpu().numpy()
+        n_tables, e = len(offsets), emb.shape[1]
+        du = w1.shape[1] - n_tables * e
+        bounds = [*offsets.tolist(), emb.shape[0]]
+        proj = np.empty((emb.shape[0], w1.shape[0]), np.float32)
+        for t in range(n_tables):
+            cols = w1[:, du + t * e : du + (t + 1) * e]  # (H, E)
+            proj[bounds[t] : bounds[t + 1]] = emb[bounds[t] : bounds[t + 1]] @ cols.T
+        self.offsets = offsets.astype(np.int64)
+        self.proj = proj
+        self.w_dense = np.ascontiguousarray(w1[:, :du].T)
+        self.b1 = b1
+        self.rest: list[tuple[np.ndarray, np.ndarray] | None] = []  # (W^T, b) per Linear, None per ReLU
+        for layer in layers[1:]:
+            if isinstance(layer, nn.Linear):
+                self.rest.append((np.ascontiguousarray(layer.weight.detach().float().cpu().numpy().T),
+                                  layer.bias.detach().float().cpu().numpy()))
+            elif isinstance(layer, nn.ReLU):
+                self.rest.append(None)
+            else:
+                raise TypeError(f"cannot fold a {type(layer).__name__} in the user tower")
+
+    def __call__(self, dense: np.ndarray, sparse: np.ndarray) -> np.ndarray:
+        # overflowing input gives inf/NaN rows, as in torch; the caller reports them (recpipe.finite)
+        with np.errstate(over="ignore", invalid="ignore"):
+            h = dense @ self.w_dense
+            h += self.b1
+            h += self.proj[sparse + self.offsets].sum(axis=1)
+            for layer in self.rest:
+                if layer is None:
+                    np.maximum(h, 0, out=h)
+                else:
+                    h = h @ layer[0]
+                    h += layer[1]
+            norm = np.sqrt(np.einsum("ij,ij->i", h, h))[:, None]
+            return (h / np.maximum(norm, 1e-12)).astype(np.float32, copy=False)

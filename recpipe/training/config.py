@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-INDEX_CHOICES = ("auto", "flat", "ivf", "hnsw")
+INDEX_CHOICES = ("auto", "flat", "ivf", "ivfsq8", "ivfpqfs", "hnsw")
 
 
 @dataclass(frozen=True)

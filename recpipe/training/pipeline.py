@@ -168,9 +168,12 @@ def _train(
     )
     # recall on queries the tuning did not see
     check = queries[n_q:] if len(queries) > n_q else queries
-    k100 = min(100, core.num_items)
+    k100, k500 = min(100, core.num_items), min(faiss_index.SERVE_K, core.num_items)
+    check_truth = faiss_index.exact_topk(check, item_emb, k500)
     faiss_index.set_search_params(index, spec, k=k100)
-    index_recall = faiss_index.recall(index.search(check, k100)[1], faiss_index.exact_topk(check, item_emb, k100))
+    index_recall = faiss_index.recall(index.search(check, k100)[1], check_truth[:, :k100])
+    faiss_index.set_search_params(index, spec, k=k500)
+    index_recall_500 = faiss_index.recall(index.search(check, k500)[1], check_truth)
     t = lap("index", t)
 
     hold_clicked = holdout.filter(pl.col("label") == 1).unique(["user_id", "item_id"])
@@ -206,6 +209,7 @@ def _train(
     try:
         # each stage writes its own artifacts (recpipe/<stage>/artifacts.py), and reads them back the same way
         feature_artifacts.save(tmp, prep, core.config)
+        feature_artifacts.save_rows(tmp, *core.rows())
         retrieval_artifacts.save(tmp, two_tower, item_emb, index, spec, tried)
         ranking_artifacts.save(tmp, dlrm)
         timings["total"] = round(time.perf_counter() - t_start, 3)
@@ -229,6 +233,7 @@ def _train(
                 "retrieval_recall_at_500": round(retrieval_recall, 5),
                 "popularity_recall_at_500": round(popularity_recall, 5),
                 "index_recall_at_100": round(index_recall, 5),
+                "index_recall_at_500": round(index_recall_500, 5),
                 "index_type": spec.kind,
                 "eval_users": len(eval_users),
                 "eval_pairs": int(pairs.height),
@@ -241,7 +246,7 @@ def _train(
                 "item_sparse_dim": int(core.item_sparse.shape[1]), "history_len": core.history_len,
                 "embedding_dim": int(item_emb.shape[1]),
             },
-            "index": spec.to_json(),
+            "index": {**spec.to_json(), "tried": [s.to_json() for s in tried]},
             "training": {
                 "device": devices.describe(dev), "torch_threads": torch.get_num_threads(),
                 "seconds": timings, "config": {

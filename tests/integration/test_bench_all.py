@@ -36,6 +36,8 @@ CASES: dict[str, tuple[Callable[[Path, Path, Path, pytest.FixtureRequest, str], 
                                              "--warmup", "1", "--device", dev], True),
     "features": (lambda m, d, tmp, r, dev: ["--models", str(m), "--data", str(d), "--queries", "5", "--warmup", "1",
                                             "--items", "50"], False),
+    "coldstart": (lambda m, d, tmp, r, dev: ["--models", str(m), "--data", str(d), "--stage", "features",
+                                             "--repeats", "1"], False),
     "datagen": (lambda m, d, tmp, r, dev: ["--scale", "0.001", "--tmp", str(tmp)], False),
     "preprocess": (lambda m, d, tmp, r, dev: ["--data", str(d), "--max-vocab", "100"], False),
     "querygen": (lambda m, d, tmp, r, dev: ["--rates", "200", "--duration", "0.3", "--warmup", "0.1"], False),
@@ -70,6 +72,7 @@ def test_bench_runs(name: str, device: str, small_models: Path, small_dataset: P
     assert out.strip()
     if name == "retrieval":
         assert "fp16 exact search + fp32 re-score of top 2k: recall@50 vs fp32 exact" in out
+        assert all(f"\n{kind} " in out for kind in ("flat", "ivf", "ivfsq8", "ivfpqfs", "hnsw"))
     if name == "ranking":
         assert "served (fused + user-side once)" in out
         if device == "cuda":

@@ -82,8 +82,8 @@ CASES: dict[str, tuple[str, str]] = {
         (SKIP, "GPU wheel swap: needs a CUDA machine and a package index"),
     "recpipe synth-data --out data --scale 0.1 --seed 0": (RUN, "--scale 0.005"),
     "recpipe train --data data/ --out models/ [--device auto|cpu|cuda] [--epochs N] [--seed N] "
-    "[--index auto|flat|ivf|hnsw] [--interaction dot|dcn] [--threads N] [--preprocess polars|nvtabular] "
-    "[--force] [--quiet]":
+    "[--index auto|flat|ivf|ivfsq8|ivfpqfs|hnsw] [--interaction dot|dcn] [--threads N] "
+    "[--preprocess polars|nvtabular] [--force] [--quiet]":
         (RUN, "the session fixture small_models runs `train --data D --out M --epochs 1`; the default "
               "models/ of a fresh clone is test_train_into_the_default_models_dir_of_a_clone"),
     ".ci/nvtabular-env.sh ~/.venvs/recpipe-nvt": (SKIP, "builds the NVTabular venv (4 min, Python 3.11); CI"),
@@ -115,6 +115,7 @@ CASES: dict[str, tuple[str, str]] = {
     "recpipe bench preprocess --data D": (SKIP, "needs the NVTabular venv (tests/nvtabular)"),
     "recpipe bench features --models M --data D": (RUN, "--queries 3 --warmup 1"),
     "recpipe bench retrieval --models M --data D": (RUN, "--queries 3 --warmup 1"),
+    "recpipe bench coldstart --models M --data D": (RUN, "--stage features --repeats 1"),
     "recpipe bench ranking --models M --data D --batch 500": (RUN, "--calls 3 --warmup 1"),
     "recpipe bench chain --models M --data D --threads 1": (RUN, "--queries 5 --warmup 2"),
     "recpipe bench querygen": (RUN, "--rates 100 --duration 0.3 --warmup 0.1"),
@@ -301,6 +302,7 @@ def test_every_readme_command_works_at_small_scale(
         ("recpipe bench datagen --scale 1", {"scale": "0.002"}),
         ("recpipe bench features --models M --data D", {"queries": "3", "warmup": "1"}),
         ("recpipe bench retrieval --models M --data D", {"queries": "3", "warmup": "1"}),
+        ("recpipe bench coldstart --models M --data D", {"stage": "features", "repeats": "1"}),
         ("recpipe bench ranking --models M --data D --batch 500", {"calls": "3", "warmup": "1"}),
         ("recpipe bench chain --models M --data D --threads 1", {"queries": "5", "warmup": "2"}),
         ("recpipe bench querygen", {"rates": "100", "duration": "0.3", "warmup": "0.1"}),

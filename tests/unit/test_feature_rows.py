@@ -1,0 +1,57 @@
+"""The feature stage's precomputed rows: written by training, mapped at load, the same answers as
+computing them from the dataset."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from recpipe.training.split import split_by_time
+
+from recpipe.errors import ArtifactMismatch
+from recpipe.features import artifacts
+from recpipe.features.core import FeatureCore, read_tables
+from recpipe.repository import Repository
+
+
+def test_rows_are_mapped_and_answer_as_the_dataset_computed_core(small_models: Path, small_dataset: Path) -> None:
+    repo = Repository.open(small_models)
+    assert artifacts.ROWS_FILE in repo.manifest["files"]
+    mapped = FeatureCore.load(small_models, small_dataset)
+    assert isinstance(mapped.user_dense.base, np.memmap) or isinstance(mapped.user_dense, np.memmap)
+    assert not mapped.user_dense.flags.writeable  # read-only pages of the file
+    users, items, interactions = read_tables(small_dataset)
+    train, _ = split_by_time(interactions)
+    computed = FeatureCore(artifacts.load_preprocessor(repo), users, items, train, artifacts.load_config(repo),
+                           repo.version)
+    assert mapped.describe() == computed.describe()
+    rng = np.random.default_rng(0)
+    for user in rng.integers(0, computed.num_users, 20):
+        a, b = mapped.augment_user(int(user)), computed.augment_user(int(user))
+        np.testing.assert_array_equal(a.dense, b.dense)
+        np.testing.assert_array_equal(a.sparse, b.sparse)
+        np.testing.assert_array_equal(a.recent_items, b.recent_items)
+        ids = rng.integers(0, computed.num_items, 50)
+        x, y = mapped.augment_items(int(user), ids), computed.augment_items(int(user), ids)
+        np.testing.assert_array_equal(x.dense, y.dense)
+        np.testing.assert_array_equal(x.sparse, y.sparse)
+    # the training-set builders read the same continuous columns
+    ids = np.arange(min(30, computed.num_users))
+    np.testing.assert_array_equal(mapped.user_dense_rows(ids), computed.user_dense_rows(ids))
+
+
+def test_map_safetensors_round_trips_and_names_a_corrupt_file(tmp_path: Path) -> None:
+    arrays = {"a": np.arange(12, dtype=np.int64).reshape(3, 4), "b": np.linspace(0, 1, 5, dtype=np.float32),
+              "empty": np.zeros((0, 3), np.int64)}
+    (tmp_path / "features").mkdir()
+    artifacts.save_rows(tmp_path, arrays, {"k": "v"})
+    got, meta = artifacts.map_safetensors(tmp_path / artifacts.ROWS_FILE)
+    assert meta == {"k": "v"} and sorted(got) == sorted(arrays)
+    for name, want in arrays.items():
+        assert got[name].dtype == want.dtype
+        np.testing.assert_array_equal(got[name], want)
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes((1000).to_bytes(8, "little") + b"{not json")
+    with pytest.raises(ArtifactMismatch, match=r"bad\.safetensors: unreadable"):
+        artifacts.map_safetensors(bad)
