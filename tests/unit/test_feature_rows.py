@@ -7,12 +7,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from recpipe.training.split import split_by_time
 
 from recpipe.errors import ArtifactMismatch
 from recpipe.features import artifacts
 from recpipe.features.core import FeatureCore, read_tables
 from recpipe.repository import Repository
+from recpipe.timesplit import split_by_time
 
 
 def test_rows_are_mapped_and_answer_as_the_dataset_computed_core(small_models: Path, small_dataset: Path) -> None:
