@@ -12,11 +12,12 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
+from recpipe import schema
 from recpipe.client import RecommendClient
 from recpipe.config import MAX_NUM_CANDIDATES, STEPS, TOTAL_STEP
 from recpipe.errors import BadRequest, DeadlineExceeded, StageUnavailable, UnknownUser
 from recpipe.gateway.servicer import GatewayStage
-from recpipe.serving import codec, schema
+from recpipe.serving import codec
 from recpipe.serving.supervisor import free_port
 from recpipe.v1 import (
     features_pb2,
