@@ -62,8 +62,10 @@ def run(args: argparse.Namespace) -> int:
     from recpipe.client import RecommendClient
     from recpipe.config import DEFAULT_HOST
     from recpipe.gateway.latency import Summary, stage_summaries
+    from recpipe.inprocess import IN_PROCESS_OPTIONS
     from recpipe.serving import threads
     from recpipe.serving.launch import allocate_ports, supervised_stages
+    from recpipe.serving.options import merged_argv
     from recpipe.serving.supervisor import Supervisor
     from recpipe.stages import REGISTRY
     from recpipe.types import Recommendation
@@ -74,7 +76,10 @@ def run(args: argparse.Namespace) -> int:
         ports, metrics = allocate_ports(REGISTRY, DEFAULT_HOST, 0, -1)
         stages = supervised_stages(REGISTRY, models=args.models, data=args.data, host=DEFAULT_HOST, ports=ports,
                                    metrics=metrics, device=args.device, threads=args.threads,
-                                   workers=args.workers, extra=["--nvtx"] if getattr(args, "nvtx", False) else [])
+                                   workers=args.workers,
+                                   # the in-process chain's options (fp32 ranking), so both answer alike
+                                   extra=[*merged_argv(IN_PROCESS_OPTIONS.values()),
+                                          *(["--nvtx"] if getattr(args, "nvtx", False) else [])])
         supervisor = Supervisor(stages)
         supervisor.launch()  # the stages load while this process loads its own cores
         target = supervisor.addresses()[REGISTRY.entry.name]
