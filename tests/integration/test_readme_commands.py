@@ -323,6 +323,7 @@ def test_every_readme_command_works_at_small_scale(
     assert (clone / "runs" / "locust_stats.csv").exists()
     # The final summary (the CSV is rewritten about once a second and may trail the run: locust_stats.py)
     rows = {name: (r["Type"], int(r["Request Count"])) for name, r in final_stats(proc.stderr).items()}
+    assert "stage:rank" in rows, proc.stderr[-4000:]
     assert rows["stage:rank"][0] == "stage_us" and rows["stage:rank"][1] == rows["Recommend"][1] > 0
     assert rows["Aggregated"][1] == rows["Recommend"][1]  # stage rows do not inflate it
     cmd = case("locust -f loadtest/ --host 127.0.0.1:50051")
