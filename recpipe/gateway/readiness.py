@@ -29,6 +29,9 @@ INTERVAL_S = 0.5
 NOT_READY_INTERVAL_S = 0.1
 #: A stage whose health check takes longer than this counts as not serving.
 TIMEOUT_S = 1.0
+#: Health checks in a row without an answer after which the gateway treats a stage as down.
+SILENT_CHECKS = 2
+NO_ANSWER = "no answer"
 
 Report = Callable[[bool], Awaitable[None]]
 
@@ -41,6 +44,8 @@ class ChainReadiness:
         #: stage -> "SERVING", or why not ("NOT_SERVING", "UNAVAILABLE: ...", "no answer in 1.0s").
         self.status: dict[str, str] = {name: "UNKNOWN" for name in channels}
         self.ready = False
+        #: stage -> health checks in a row that got no answer
+        self.silent: dict[str, int] = {}
 
     async def run(self, report: Report) -> None:
         """Check the stages until cancelled; ``report(ready)`` on every change (not ready at first)."""
@@ -53,6 +58,7 @@ class ChainReadiness:
         names = list(self._stubs)
         answers = await asyncio.gather(*(self._status(name) for name in names))
         self.status = dict(zip(names, answers, strict=True))
+        self.silent = {n: self.silent.get(n, 0) + 1 if a.startswith(NO_ANSWER) else 0 for n, a in self.status.items()}
         ready = all(s == "SERVING" for s in answers)
         if ready != self.ready:
             self.ready = ready
@@ -64,11 +70,12 @@ class ChainReadiness:
         return ready
 
     def down(self) -> tuple[str, str] | None:
-        """The first stage whose last health check got no answer or could not reach it, and that
-        status; None while every stage answers. A stage that answers NOT_SERVING (loading, draining)
-        is not down: it refuses calls at once itself, with its own reason."""
+        """The first stage known to be down, and why: its last health check could not reach it, or
+        ``SILENT_CHECKS`` checks in a row got no answer (one late answer is a busy stage working off a
+        backlog, not a frozen one); None while none is. A stage that answers NOT_SERVING (loading,
+        draining) is not down: it refuses calls at once itself, with its own reason."""
         for name, status in self.status.items():
-            if status not in ("SERVING", "NOT_SERVING", "UNKNOWN"):
+            if status.startswith("UNAVAILABLE") or self.silent.get(name, 0) >= SILENT_CHECKS:
                 return name, status
         return None
 
@@ -82,6 +89,6 @@ class ChainReadiness:
             reply = await self._stubs[name].Check(health_pb2.HealthCheckRequest(service=""), timeout=TIMEOUT_S)
         except aio.AioRpcError as e:
             if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                return f"no answer in {TIMEOUT_S:g}s"
+                return f"{NO_ANSWER} in {TIMEOUT_S:g}s"
             return f"{e.code().name} ({(e.details() or '')[:120]})"
         return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))

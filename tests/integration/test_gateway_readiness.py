@@ -105,8 +105,17 @@ def test_a_frozen_stage_fails_fast_instead_of_costing_each_call_its_deadline():
                     wait_status(gateway.address, "NOT_SERVING", timeout=10)  # the health checks noticed
                     with grpc.insecure_channel(gateway.address) as channel:
                         stub = recommend_pb2_grpc.RecommendServiceStub(channel)
-                        with pytest.raises(grpc.RpcError) as refused:
-                            stub.Recommend(recommend_pb2.RecommendRequest(user_id=1, num_candidates=20), timeout=30)
+                        request = recommend_pb2.RecommendRequest(user_id=1, num_candidates=20)
+                        # short calls time out until the checks have missed SILENT_CHECKS answers in a row
+                        codes = []
+                        while not codes or codes[-1] != grpc.StatusCode.UNAVAILABLE:
+                            assert len(codes) < 60, codes  # never: every call waits out its deadline
+                            with pytest.raises(grpc.RpcError) as short:
+                                stub.Recommend(request, timeout=0.5)
+                            codes.append(short.value.code())
+                        assert set(codes) <= {grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE}
+                        with pytest.raises(grpc.RpcError) as refused:  # a long deadline is not waited out
+                            stub.Recommend(request, timeout=30)
                     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
                     assert refused.value.details().startswith(f"features unavailable at 127.0.0.1:{port}: no answer")
                 finally:
