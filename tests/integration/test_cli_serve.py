@@ -134,7 +134,7 @@ def served(small_models, small_dataset, gateway_watch):
     proc = subprocess.Popen(
         [sys.executable, "-m", "recpipe", "--log-level", "WARNING", "serve", "--models", str(small_models),
          "--data", str(small_dataset), "--port", str(base), "--metrics-port", "0", "--threads", "1",
-         "--grace", "2"],
+         "--grace", "2", "--ranking-precision", "fp32"],  # fp32: bench chain compares it with in-process cores
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     lines = Lines(proc.stdout)
