@@ -1,0 +1,112 @@
+"""``recpipe characterize --quick`` end to end on the shared tiny dataset: the document's sections, the
+report's files, resuming (a rerun skips finished sections), the budget, and ``recpipe report A B`` on
+two characterizations (and its refusal where their settings differ)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from recpipe.characterize import document
+from recpipe.characterize.report import CHARTS, MARKDOWN
+from recpipe.cli import main
+from recpipe.config import STEPS
+
+pytestmark = pytest.mark.slow
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _characterize(out: Path, data: Path, models: Path, *extra: str) -> int:
+    return main(["characterize", "--out", str(out), "--data", str(data), "--models", str(models), "--quick",
+                 "--device", "cpu", *extra])
+
+
+def _load(out: Path) -> dict:
+    return json.loads((out / document.FILENAME).read_text())
+
+
+def test_characterize_quick_resumes_reports_and_compares(
+        small_dataset: Path, small_models: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    assert _characterize(a, small_dataset, small_models, "--threads", "1") == 0
+    doc = _load(a)
+    assert doc["format"] == document.FORMAT and doc["format_version"] == document.FORMAT_VERSION
+    assert list(doc["sections"]) == list(document.SECTIONS) and doc["not_run"] == {}
+    s = doc["settings"]
+    assert (s["quick"], s["device"], s["threads"], s["num_candidates"]) == (True, "cpu", "1", 500)
+    sec = doc["sections"]
+    assert sec["platform"]["cores"] >= 1 and sec["platform"]["memory_bytes"] > 0
+    seq = sec["sequential"]
+    assert seq["queries"] == s["sizes"]["sequential_queries"] and seq["errors"] == 0
+    for stage in STEPS:
+        assert 0 < seq["stages"][stage]["p50_us"] <= seq["stages"][stage]["p99_us"]
+    # CPU seconds per query of every stage process and of the generator, read from /proc
+    assert set(seq["cpu_s_per_query"]) == {"features", "retrieval", "ranking", "gateway", "querygen"}
+    assert all(v is not None and v > 0 for v in seq["cpu_s_per_query"].values())
+    assert seq["gpu_busy"] == {"measured": False, "reason": "CPU run (--device cpu)"}
+    points = sec["sweep"]["points"]
+    assert [p["concurrency"] for p in points] == [2 ** i for i in range(len(points))]
+    assert all(p["throughput"] > 0 and set(p["stages"]) == set(STEPS) for p in points)
+    assert sec["sweep"]["stop_reason"]
+    searches = sec["slo"]["searches"]
+    assert [x["p99_bound_ms"] for x in searches] == s["sizes"]["slo_bounds_ms"]
+    assert all(1 <= len(x["curve"]) <= s["sizes"]["slo_max_steps"] for x in searches)
+    benches = sec["micro"]["benches"]
+    assert [x["name"].split()[0] for x in benches] == ["ranking", "retrieval", "features", "hop"]
+    for bench in benches:
+        assert bench["rc"] == 0 and not bench["error"] and bench["rows"], bench["stdout"]
+    report = a / "report"
+    assert "## Closed-loop concurrency sweep" in (report / MARKDOWN).read_text()
+    for chart in CHARTS:
+        assert (report / chart).read_bytes().startswith(PNG)
+
+    # a rerun into the same --out skips every finished section
+    capsys.readouterr()
+    assert _characterize(a, small_dataset, small_models, "--threads", "1") == 0
+    err = capsys.readouterr().err
+    for name in document.SECTIONS:
+        assert f"{name}: finished in an earlier run, skipped" in err
+    assert _load(a)["sections"] == sec
+    # ... and refuses other settings
+    assert _characterize(a, small_dataset, small_models, "--threads", "2") == 2
+    assert "threads '1' vs '2'" in capsys.readouterr().err
+
+    # the budget: nothing starts once it is spent, and the document says so; a rerun resumes
+    assert _characterize(b, small_dataset, small_models, "--threads", "2", "--budget-s", "1e-9") == 0
+    assert _load(b)["sections"] == {} and set(_load(b)["not_run"]) == set(document.SECTIONS)
+    assert "not started, the budget" in capsys.readouterr().err
+    assert _characterize(b, small_dataset, small_models, "--threads", "2") == 0
+    assert list(_load(b)["sections"]) == list(document.SECTIONS)
+
+    # report A B: section by section, with speed-ups
+    capsys.readouterr()
+    assert main(["report", str(a), str(b / document.FILENAME), "--out", str(tmp_path / "ab")]) == 0
+    text = (tmp_path / "ab" / "report.md").read_text()
+    for heading in ("## Sequential per-stage latency", "## CPU time per query", "## Closed-loop concurrency sweep",
+                    "## SLO search", "## Micro-benchmarks", "## Verdict"):
+        assert heading in text
+    assert "b speed-up p50" in text and "- b: sequential end to end" in text
+    for chart in ("curves.png", "stages.png"):
+        assert (tmp_path / "ab" / chart).read_bytes().startswith(PNG)
+
+    # settings that must match differ: refused with the setting named, compared under --force
+    assert _characterize(c, small_dataset, small_models, "--num-candidates", "50", "--budget-s", "1e-9") == 0
+    capsys.readouterr()
+    assert main(["report", str(a), str(c), "--out", str(tmp_path / "ac")]) == 2
+    err = capsys.readouterr().err
+    assert "num_candidates 500 vs 50" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "ac").exists()
+    assert main(["report", str(a), str(c), "--out", str(tmp_path / "ac"), "--force"]) == 0
+    assert "warning: settings differ: c vs a: num_candidates 500 vs 50" in capsys.readouterr().err
+    assert "_sequential: not in c; not compared._" in (tmp_path / "ac" / "report.md").read_text()
+
+
+def test_report_refuses_a_mix_of_runs_and_characterizations(tmp_path: Path) -> None:
+    char = tmp_path / "char.json"
+    char.write_text(json.dumps(document.new({})))
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"format": "recpipe.querygen.run"}))
+    assert main(["report", str(char), str(run), "--out", str(tmp_path / "r")]) == 2
