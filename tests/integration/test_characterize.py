@@ -14,8 +14,6 @@ from recpipe.characterize.report import CHARTS, MARKDOWN
 from recpipe.cli import main
 from recpipe.config import STEPS
 
-pytestmark = pytest.mark.slow
-
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -28,6 +26,7 @@ def _load(out: Path) -> dict:
     return json.loads((out / document.FILENAME).read_text())
 
 
+@pytest.mark.slow
 def test_characterize_quick_resumes_reports_and_compares(
         small_dataset: Path, small_models: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
@@ -110,3 +109,60 @@ def test_report_refuses_a_mix_of_runs_and_characterizations(tmp_path: Path) -> N
     run = tmp_path / "run.json"
     run.write_text(json.dumps({"format": "recpipe.querygen.run"}))
     assert main(["report", str(char), str(run), "--out", str(tmp_path / "r")]) == 2
+
+
+def test_cpu_seconds_of_a_process_grow_with_its_work() -> None:
+    import os
+
+    from recpipe.characterize import cputime
+
+    before = cputime.snapshot({"me": os.getpid(), "gone": 2**22 + 7})
+    deadline = before["me"] + 0.05  # burn at least 50 ms of CPU (the counter ticks at 100 Hz)
+    while (cputime.cpu_seconds(os.getpid()) or 0.0) < deadline:
+        sum(range(10_000))
+    after = cputime.snapshot({"me": os.getpid(), "gone": 2**22 + 7})
+    per = cputime.per_query(before, after, 5)
+    assert before["gone"] is None and per["gone"] is None
+    assert per["me"] is not None and per["me"] >= 0.05 / 5
+    assert cputime.per_query({"x": 2.0}, {"x": 1.0}, 5) == {"x": None}  # restarted: counter went back
+
+
+def test_bench_rows_are_parsed_from_the_printed_tables() -> None:
+    import numpy as np
+
+    from recpipe.bench._timing import Timing, table
+    from recpipe.characterize.micro import parse_rows
+
+    text = "ranking bench: cpu\n" + table([Timing("naive (60 calls)", np.array([2_000_000, 4_000_000]), 10),
+                                           Timing("served", np.array([1_000_000, 1_000_000]), 10)], "naive (60 calls)")
+    text += "\nbare grpc.aio echo                       545       751\n  of which in the queue   14   25\n"
+    rows = parse_rows(text)
+    assert [r["form"] for r in rows] == ["naive (60 calls)", "served", "bare grpc.aio echo"]
+    assert rows[1]["p50_ms"] == 1.0 and rows[2]["p99_ms"] == 0.751
+
+
+def test_settings_differences_name_each_field() -> None:
+    from recpipe.characterize.settings import COMPARABLE, FULL, QUICK, RESUMABLE, Settings, differences
+
+    a = Settings(quick=True, sizes=QUICK, data="d", models="m", data_scale=0.1, data_seed=11, dataset_sha256=None,
+                 threads="1").to_json()
+    b = Settings(quick=False, sizes=FULL, data="d", models="m", data_scale=0.1, data_seed=11, dataset_sha256=None,
+                 threads="2").to_json()
+    diff = differences(a, b, COMPARABLE)
+    assert diff[0] == "quick True vs False" and "sizes.point_s 1.0 vs 5.0" in diff
+    assert not any(d.startswith("threads") for d in diff)
+    assert "threads '1' vs '2'" in differences(a, b, RESUMABLE)
+
+
+def test_gpu_busy_sampling_skips_cleanly_without_a_gpu() -> None:
+    from recpipe.characterize.gpu import BusySampler
+
+    with BusySampler(False, why_not="CPU run") as s:
+        pass
+    assert s.result() == {"measured": False, "reason": "CPU run"}
+    import shutil
+
+    if shutil.which("nvidia-smi") is None:
+        with BusySampler(True, interval_s=0.01) as s:
+            pass
+        assert s.result()["measured"] is False and s.result()["reason"]
