@@ -36,6 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="one more argument for every stage's serve command, e.g. --serve-arg=--max-batch=8 "
                              "(repeatable)")
     parser.add_argument("--quick", action="store_true", help="a small run of every section (seconds each)")
+    parser.add_argument("--sweep-p99-ms", type=float, default=None, metavar="MS",
+                        help="the sweep stops once end-to-end p99 passes this (default 200; 500 with --quick)")
+    parser.add_argument("--slo-p99-ms", default=None, metavar="MS[,MS...]",
+                        help="p99 bounds of the SLO searches (default 10,20,50; 200 with --quick)")
     parser.add_argument("--budget-s", type=float, default=1800.0,
                         help="no section starts after this many seconds (default %(default)s); rerun to resume")
     parser.add_argument("--num-candidates", type=int, default=DEFAULT_NUM_CANDIDATES, help="candidates per query")
@@ -70,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
     data, models = _data_and_models(args, out)
     manifest = _manifest(data)
     threads = "auto" if args.threads is None else str(args.threads)
-    settings = Settings(quick=args.quick, sizes=QUICK if args.quick else FULL, data=str(data), models=str(models),
+    sizes = _sizes(QUICK if args.quick else FULL, args)
+    settings = Settings(quick=args.quick, sizes=sizes, data=str(data), models=str(models),
                         data_scale=manifest.get("scale"), data_seed=manifest.get("seed"),
                         dataset_sha256=manifest.get("dataset_sha256"), device=args.device, threads=threads,
                         workers=args.workers, serve_args=tuple(args.serve_arg), num_candidates=args.num_candidates,
@@ -91,6 +96,24 @@ def run(args: argparse.Namespace) -> int:
     say(f"report: {out / 'report' / report.MARKDOWN} and {len(drawn)} charts")
     print(report.summary(doc))
     return 0
+
+
+def _sizes(base: Any, args: argparse.Namespace) -> Any:
+    """The run's sizes, with --sweep-p99-ms and --slo-p99-ms in place of the defaults."""
+    import dataclasses
+
+    changes: dict[str, Any] = {}
+    if args.sweep_p99_ms is not None:
+        changes["sweep_p99_ms"] = args.sweep_p99_ms
+    if args.slo_p99_ms is not None:
+        try:
+            bounds = tuple(float(x) for x in args.slo_p99_ms.split(","))
+        except ValueError:
+            raise UsageError(f"--slo-p99-ms takes numbers separated by commas, got {args.slo_p99_ms!r}") from None
+        if not bounds or not all(b > 0 for b in bounds):
+            raise UsageError(f"--slo-p99-ms bounds must be > 0, got {args.slo_p99_ms!r}")
+        changes["slo_bounds_ms"] = bounds
+    return dataclasses.replace(base, **changes)
 
 
 def _step(message: str) -> None:
