@@ -58,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--scale must be in (0, 1], got {args.scale}")
     if args.epochs is not None and args.epochs < 1:
         raise UsageError(f"--epochs must be >= 1, got {args.epochs}")
+    sizes = _sizes(QUICK if args.quick else FULL, args)  # its checks before anything is written
     out: Path = args.out
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is not a directory")
@@ -74,7 +75,6 @@ def run(args: argparse.Namespace) -> int:
     data, models = _data_and_models(args, out)
     manifest = _manifest(data)
     threads = "auto" if args.threads is None else str(args.threads)
-    sizes = _sizes(QUICK if args.quick else FULL, args)
     settings = Settings(quick=args.quick, sizes=sizes, data=str(data), models=str(models),
                         data_scale=manifest.get("scale"), data_seed=manifest.get("seed"),
                         dataset_sha256=manifest.get("dataset_sha256"), device=args.device, threads=threads,
