@@ -58,6 +58,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--scale must be in (0, 1], got {args.scale}")
     if args.epochs is not None and args.epochs < 1:
         raise UsageError(f"--epochs must be >= 1, got {args.epochs}")
+    if not args.budget_s > 0:
+        raise UsageError(f"--budget-s must be > 0, got {args.budget_s:g}")
+    if args.num_candidates < 1 or args.num_results < 1 or args.workers < 0:
+        raise UsageError("--num-candidates and --num-results must be >= 1, --workers >= 0")
     sizes = _sizes(QUICK if args.quick else FULL, args)  # its checks before anything is written
     out: Path = args.out
     if out.exists() and not out.is_dir():

@@ -166,3 +166,23 @@ def test_gpu_busy_sampling_skips_cleanly_without_a_gpu() -> None:
         with BusySampler(True, interval_s=0.01) as s:
             pass
         assert s.result()["measured"] is False and s.result()["reason"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--slo-p99-ms", "10,x"], "--slo-p99-ms takes numbers"),
+    (["--slo-p99-ms", "0"], "--slo-p99-ms bounds must be > 0"),
+    (["--data", "nowhere"], "--data nowhere: no manifest.json there"),
+    (["--scale", "2"], "--scale must be in (0, 1]"),
+    (["--budget-s", "0", "--data", "D", "--models", "M"], "--budget-s must be > 0"),
+])
+def test_bad_flags_exit_2_with_one_line_and_write_nothing(
+        flags: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for name in ("D", "M"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "manifest.json").write_text("{}")
+    flags = [str(tmp_path / f) if f in ("D", "M") else f for f in flags]
+    out = tmp_path / "out"
+    assert main(["characterize", "--out", str(out), *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert not out.exists()
