@@ -110,7 +110,8 @@ def split_figure(doc: dict[str, Any]) -> Any:
         left = [0.0] * len(STEPS)
         for part, color in _SPLIT_COLORS.items():
             values = [parts[s][part] / 1000 for s in STEPS]
-            ax.barh(list(STEPS), values, left=left, color=color, label=part)
+            ax.barh(list(STEPS), values, left=left, color=color,
+                    label="network (observed - server)" if part == "network" else part)
             left = [a + v for a, v in zip(left, values, strict=True)]
         ax.invert_yaxis()
         ax.legend(fontsize=8)
