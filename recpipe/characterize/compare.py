@@ -213,7 +213,8 @@ def stages_figure(runs: Runs) -> Any:
         ax.bar([lb for lb, _ in have], values, bottom=bottom, color=_COLORS[stage], label=stage)
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     if have:
-        ax.legend(fontsize=8)
+        ax.set_ylim(top=max(bottom) * 1.35)  # room for the legend above the bars
+        ax.legend(fontsize=8, ncols=2)
     else:
         ax.text(0.5, 0.5, "no sequential section", ha="center", va="center", transform=ax.transAxes)
     ax.set_ylabel("per-stage p50, stacked (ms)")

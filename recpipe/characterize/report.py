@@ -88,7 +88,8 @@ def stages_figure(doc: dict[str, Any]) -> Any:
     if not columns:
         ax.text(0.5, 0.5, "no serving section finished", ha="center", va="center", transform=ax.transAxes)
     else:
-        ax.legend(fontsize=8)
+        ax.set_ylim(top=max(bottom) * 1.35)  # room for the legend above the bars
+        ax.legend(fontsize=8, ncols=2)
     ax.set_ylabel("per-stage p50, stacked (ms)")
     ax.set_xlabel("run")
     ax.set_title("per-stage latency stack (p50 of each stage as the gateway saw it)", fontsize=10)
