@@ -199,6 +199,13 @@ def _micro(runs: Runs) -> list[str]:
             b0 = rows[0]
             cells.append("n/a" if r is None or b0 is None else _x(speedup(b0["p50_ms"] * 1000, r["p50_ms"] * 1000)))
         out.append(f"| {key[0]} | {key[1]} | " + " | ".join(cells) + " |")
+    recalls = [{(b["name"], r["what"]): r["recall"] for b in doc["sections"]["micro"]["benches"]
+                for r in b.get("recalls", [])} for _, doc in runs]
+    if any(recalls):
+        out += ["", "| bench | recall | " + " | ".join(labels) + " |", "|---" * (2 + len(runs)) + "|"]
+        for key in dict.fromkeys(k for r in recalls for k in r):
+            out.append(f"| {key[0]} | {key[1]} | " + " | ".join(
+                "-" if r.get(key) is None else f"{r[key]:.4f}" for r in recalls) + " |")
     return [*out, ""]
 
 

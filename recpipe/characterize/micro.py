@@ -2,7 +2,8 @@
 
 Each bench prints its results; the text is captured whole into the document, and the rows of its
 timing tables (``recpipe.bench._timing.table``: form, p50 ms, p99 ms, rows/s, speed-up, and the hop
-bench's form, p50 µs, p99 µs) are parsed from it, so a report can compare them form by form.
+bench's form, p50 µs, p99 µs) and its recall lines are parsed from it, so a report can compare them
+form by form.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 from recpipe.characterize.settings import Settings
 
 _MS_ROW = re.compile(r"^(?P<form>\S.*?)\s+(?P<p50>[\d.]+)\s+(?P<p99>[\d.]+)\s+(?P<rate>[\d,]+)\s+[\d.]+x$")
+_RECALL = re.compile(r"^(?P<what>.*recall@\d+.*?):?\s+(?P<value>[01]\.\d+)$")
 _US_ROW = re.compile(r"^(?P<form>\S.*?)\s+(?P<p50>\d+)\s+(?P<p99>\d+)(\s+\(.*\))?$")
 
 
@@ -64,6 +66,13 @@ def parse_rows(text: str) -> list[dict[str, Any]]:
     return rows
 
 
+def parse_recalls(text: str) -> list[dict[str, Any]]:
+    """The recall lines a bench printed (retrieval: served index vs exact, fp16/bf16 vs fp32), as
+    ``{what, recall}``."""
+    return [{"what": m["what"].strip(), "recall": float(m["value"])}
+            for line in text.splitlines() if (m := _RECALL.match(line.strip()))]
+
+
 def run_one(bench: Bench) -> dict[str, Any]:
     """Run ``bench``, capturing what it prints; an error is recorded, not raised."""
     module = importlib.import_module(bench.module)
@@ -84,4 +93,4 @@ def run_one(bench: Bench) -> dict[str, Any]:
     text = buf.getvalue()
     return {"name": bench.name, "command": "recpipe bench " + bench.module.rsplit(".", 1)[1].replace("_", "-")
             + " " + " ".join(bench.argv), "rc": rc, "error": error, "elapsed_s": round(time.perf_counter() - t0, 2),
-            "rows": parse_rows(text), "stdout": text}
+            "rows": parse_rows(text), "recalls": parse_recalls(text), "stdout": text}

@@ -184,6 +184,10 @@ def markdown(doc: dict[str, Any], charts: tuple[str, ...] = CHARTS) -> str:
                 out.append(f"| {b['name']} | failed: {b['error'][:80]} | | |")
             for r in b["rows"]:
                 out.append(f"| {b['name']} | {r['form']} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} |")
+        recalls = [(b["name"], r) for b in micro["benches"] for r in b.get("recalls", [])]
+        if recalls:
+            out += ["", "| bench | recall | value |", "|---|---|---|"]
+            out += [f"| {name} | {r['what']} | {r['recall']:.4f} |" for name, r in recalls]
         out += ["", "Commands (each bench's full output is in the JSON):", ""]
         out += [f"- `{b['command']}`" for b in micro["benches"]] + [""]
     out += [f"![{c}]({c})" for c in charts]

@@ -57,6 +57,7 @@ def test_characterize_quick_resumes_reports_and_compares(
     assert [x["name"].split()[0] for x in benches] == ["ranking", "retrieval", "features", "hop"]
     for bench in benches:
         assert bench["rc"] == 0 and not bench["error"] and bench["rows"], bench["stdout"]
+    assert {r["what"].split()[0] for r in benches[1]["recalls"]} == {"served", "fp16", "bf16"}
     report = a / "report"
     assert "## Closed-loop concurrency sweep" in (report / MARKDOWN).read_text()
     for chart in CHARTS:
@@ -131,7 +132,7 @@ def test_bench_rows_are_parsed_from_the_printed_tables() -> None:
     import numpy as np
 
     from recpipe.bench._timing import Timing, table
-    from recpipe.characterize.micro import parse_rows
+    from recpipe.characterize.micro import parse_recalls, parse_rows
 
     text = "ranking bench: cpu\n" + table([Timing("naive (60 calls)", np.array([2_000_000, 4_000_000]), 10),
                                            Timing("served", np.array([1_000_000, 1_000_000]), 10)], "naive (60 calls)")
@@ -139,6 +140,10 @@ def test_bench_rows_are_parsed_from_the_printed_tables() -> None:
     rows = parse_rows(text)
     assert [r["form"] for r in rows] == ["naive (60 calls)", "served", "bare grpc.aio echo"]
     assert rows[1]["p50_ms"] == 1.0 and rows[2]["p99_ms"] == 0.751
+    recalls = parse_recalls("served recall@100 vs exact on these queries: 0.9770\n"
+                            "fp16 exact search alone: recall@500 vs fp32 exact 0.9983\nform p50\n")
+    assert recalls == [{"what": "served recall@100 vs exact on these queries", "recall": 0.977},
+                       {"what": "fp16 exact search alone: recall@500 vs fp32 exact", "recall": 0.9983}]
 
 
 def test_settings_differences_name_each_field() -> None:
