@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recpipe.characterize import cputime, micro
+from recpipe.characterize import cputime, micro, ranking_batches
 from recpipe.characterize.settings import MIN_GAIN, Settings
 from recpipe.config import STEPS
 from recpipe.querygen.session import MIN_STEP_QUERIES
@@ -246,4 +246,11 @@ def micro_section(settings: Settings, time_left: Callable[[], float]) -> dict[st
         if r["error"]:
             say(f"micro: {bench.name} failed: {r['error']}")
         results.append(r)
+    if time_left() <= 0:
+        skipped.append(ranking_batches.NAME)
+    else:
+        say(f"micro: {ranking_batches.NAME} {settings.sizes.ranking_query_batches} x {settings.num_candidates}")
+        results.append(ranking_batches.run(settings))
+        if results[-1]["error"]:
+            say(f"micro: {ranking_batches.NAME} failed: {results[-1]['error']}")
     return {"benches": results, "skipped_for_budget": skipped}

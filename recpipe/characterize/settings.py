@@ -31,6 +31,8 @@ class Sizes:
     hop_calls: int
     retrieval_ks: tuple[int, ...]
     ranking_batches: tuple[int, ...]
+    #: queries per ranking core call (each of num_candidates candidates)
+    ranking_query_batches: tuple[int, ...]
 
     def __post_init__(self) -> None:
         if self.sequential_queries < 1 or self.max_concurrency < 1 or self.bench_calls < 1:
@@ -46,11 +48,12 @@ class Sizes:
 #: ``--quick``: every section, a few seconds each (CI)
 QUICK = Sizes(sequential_queries=40, warmup_s=0.3, point_s=1.0, max_concurrency=4, sweep_p99_ms=500.0,
               slo_bounds_ms=(200.0,), slo_step_s=2.0, slo_max_steps=3, bench_calls=10, bench_warmup=2, hop_calls=50,
-              retrieval_ks=(100,), ranking_batches=(100,))
+              retrieval_ks=(100,), ranking_batches=(100,), ranking_query_batches=(1, 4))
 #: the default: minutes in all
 FULL = Sizes(sequential_queries=500, warmup_s=2.0, point_s=5.0, max_concurrency=64, sweep_p99_ms=200.0,
              slo_bounds_ms=(10.0, 20.0, 50.0), slo_step_s=5.0, slo_max_steps=10, bench_calls=200, bench_warmup=20, hop_calls=2000,
-             retrieval_ks=(100, 500), ranking_batches=(100, 500))
+             retrieval_ks=(100, 500), ranking_batches=(100, 500),
+             ranking_query_batches=(1, 2, 4, 8, 16, 32))
 
 #: the sweep stops once doubling the clients gains less than this fraction of throughput
 MIN_GAIN = 0.05

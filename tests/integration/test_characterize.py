@@ -54,7 +54,10 @@ def test_characterize_quick_resumes_reports_and_compares(
     assert [x["p99_bound_ms"] for x in searches] == s["sizes"]["slo_bounds_ms"]
     assert all(1 <= len(x["curve"]) <= s["sizes"]["slo_max_steps"] for x in searches)
     benches = sec["micro"]["benches"]
-    assert [x["name"].split()[0] for x in benches] == ["ranking", "retrieval", "features", "hop"]
+    assert [x["name"].split()[0] for x in benches] == ["ranking", "retrieval", "features", "hop", "ranking"]
+    batched = benches[-1]["rows"]  # B queries x 500 candidates per RankingCore.rank_batch call
+    assert [r["form"] for r in batched] == [f"served, batch {b} x 500" for b in s["sizes"]["ranking_query_batches"]]
+    assert all(0 < r["per_query_ms"] <= r["p50_ms"] for r in batched)
     for bench in benches:
         assert bench["rc"] == 0 and not bench["error"] and bench["rows"], bench["stdout"]
     assert {r["what"].split()[0] for r in benches[1]["recalls"]} == {"served", "fp16", "bf16"}
