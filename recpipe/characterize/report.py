@@ -178,12 +178,13 @@ def markdown(doc: dict[str, Any], charts: tuple[str, ...] = CHARTS) -> str:
             out.append(f"\nNot searched (budget): {slo['skipped_for_budget_ms']}")
         out += [""]
     if micro := sec.get("micro"):
-        out += ["## Micro-benchmarks", "", "| bench | form | p50 ms | p99 ms |", "|---|---|---|---|"]
+        out += ["## Micro-benchmarks", "", "| bench | form | p50 ms | p99 ms | p50 ms per query |", "|---|---|---|---|---|"]
         for b in micro["benches"]:
             if b["error"]:
-                out.append(f"| {b['name']} | failed: {b['error'][:80]} | | |")
+                out.append(f"| {b['name']} | failed: {b['error'][:80]} | | | |")
             for r in b["rows"]:
-                out.append(f"| {b['name']} | {r['form']} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} |")
+                per = f"{r['per_query_ms']:.3f}" if "per_query_ms" in r else ""
+                out.append(f"| {b['name']} | {r['form']} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {per} |")
         recalls = [(b["name"], r) for b in micro["benches"] for r in b.get("recalls", [])]
         if recalls:
             out += ["", "| bench | recall | value |", "|---|---|---|"]
