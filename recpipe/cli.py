@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "recommend": "recommend",
     "querygen": "querygen",
     "report": "report",
+    "characterize": "characterize",
     "bench": "bench",
 }
 

@@ -6,16 +6,22 @@ with speed-ups over the first run, one verdict line per run such as "B is 1.23x 
 (stacked per-stage p50/p99) and latency_cdf.png; the Markdown is also printed. Runs of different
 modes or workloads (mode, clients, offered rate, user and candidate mix) are refused unless --force:
 a closed-loop run is not "faster" than a sequential one. Stages are listed in chain order everywhere.
+
+Given characterizations (``recpipe characterize --out DIR``: DIR or DIR/characterization.json), it
+compares them section by section instead (sequential per stage, CPU per query, the sweep, the SLO
+searches, the micro-benchmarks) into DIR/report.md, curves.png and stages.png, and refuses (warns
+under --force) where their settings differ, naming each.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("runs", nargs="+", metavar="RUN.json", help="run documents from querygen --out; "
-                        "the first is the baseline")
+    parser.add_argument("runs", nargs="+", metavar="RUN.json", help="run documents from querygen --out, or "
+                        "characterizations (DIR of characterize --out); the first is the baseline")
     parser.add_argument("--out", required=True, metavar="DIR", help="directory for report.md and the PNGs")
     parser.add_argument("--labels", help="comma-separated names for the runs (default: file names)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing report in DIR, and compare "
@@ -25,18 +31,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from recpipe.characterize import document
     from recpipe.errors import UsageError
     from recpipe.querygen import compare, output, plots
 
+    kinds = {document.peek_format(p) == document.FORMAT for p in args.runs}
+    if kinds == {True}:
+        return _characterizations(args)
+    if len(kinds) > 1:
+        raise UsageError("give querygen runs or characterizations, not a mix of both")
     docs = [output.load_run(p) for p in args.runs]
-    if args.labels:
-        labels = [x.strip() for x in args.labels.split(",")]
-        if len(labels) != len(docs):
-            raise UsageError(f"--labels names {len(labels)} runs, but {len(docs)} were given")
-    else:
-        labels = [Path(p).stem for p in args.runs]
-        if len(set(labels)) != len(labels):
-            labels = [f"{i + 1}:{label}" for i, label in enumerate(labels)]
+    labels = _labels(args)
     unlike = []
     for label, doc in zip(labels[1:], docs[1:], strict=True):
         diff = compare.differences(docs[0], doc)
@@ -60,5 +65,54 @@ def run(args: argparse.Namespace) -> int:
     plots.latency_cdf(runs, out / "latency_cdf.png", force=True)
     text = compare.markdown(runs, charts=names[1:], unlike=unlike)
     output.write_atomic(out / "report.md", text.encode(), force=True)
+    print(text, end="")
+    return 0
+
+
+def _labels(args: argparse.Namespace) -> list[str]:
+    from pathlib import Path
+
+    from recpipe.errors import UsageError
+
+    if args.labels:
+        labels = [x.strip() for x in args.labels.split(",")]
+        if len(labels) != len(args.runs):
+            raise UsageError(f"--labels names {len(labels)} runs, but {len(args.runs)} were given")
+        return labels
+    # a characterization is named by its directory (DIR/characterization.json -> DIR)
+    labels = [Path(p).name if Path(p).is_dir() else Path(p).parent.name if Path(p).name == "characterization.json"
+              else Path(p).stem for p in args.runs]
+    if len(set(labels)) != len(labels):
+        labels = [f"{i + 1}:{label}" for i, label in enumerate(labels)]
+    return labels
+
+
+def _characterizations(args: argparse.Namespace) -> int:
+    """``recpipe report A B`` on characterizations (``recpipe characterize --out``): section by section."""
+    from pathlib import Path
+
+    from recpipe.characterize import compare, document
+    from recpipe.errors import UsageError
+
+    docs = [document.load(p) for p in args.runs]
+    labels = _labels(args)
+    unlike = []
+    for label, doc in zip(labels[1:], docs[1:], strict=True):
+        diff = compare.differences(docs[0], doc)
+        if diff:
+            unlike.append(f"{label} vs {labels[0]}: {', '.join(diff)}")
+    if unlike and not args.force:
+        raise UsageError(f"will not compute speed-ups between characterizations measured differently "
+                         f"({'; '.join(unlike)}); pass --force to compare anyway")
+    for line in unlike:
+        print(f"recpipe report: warning: settings differ: {line}", file=sys.stderr)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is not a directory")
+    if not args.force:
+        clash = [n for n in ("report.md", *compare.CHARTS) if (out / n).exists()]
+        if clash:
+            raise UsageError(f"{out / clash[0]} exists; pass --force to overwrite the report")
+    text = compare.write(list(zip(labels, docs, strict=True)), out, unlike, force=args.force)
     print(text, end="")
     return 0

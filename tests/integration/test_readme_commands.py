@@ -111,6 +111,9 @@ CASES: dict[str, tuple[str, str]] = {
         (RUN, "--duration 1, an intervals.txt of three intervals"),
     "recpipe report x86.json gh200.json --labels x86+H100,GH200 --out report/":
         (RUN, "x86.json and gh200.json are two sequential runs"),
+    "recpipe characterize --out char-a --data data --models models --threads 1 --quick":
+        (RUN, "as written (--quick); tests/integration/test_characterize.py checks its sections"),
+    "recpipe report char-a char-b --out char-report/": (RUN, "char-b is a copy of char-a"),
     "recpipe bench datagen --scale 1": (RUN, "--scale 0.002"),
     "recpipe bench preprocess --data D": (SKIP, "needs the NVTabular venv (tests/nvtabular)"),
     "recpipe bench features --models M --data D": (RUN, "--queries 3 --warmup 1"),
@@ -296,6 +299,13 @@ def test_every_readme_command_works_at_small_scale(
     out = _ok(_argv(case("recpipe report x86.json gh200.json --labels x86+H100,GH200 --out report/"), ports), capsys)
     assert "GH200" in out and sorted(p.name for p in Path("report").iterdir()) == [
         "comparison.png", "latency_cdf.png", "report.md", "stages.png"]
+    # --- characterize, and report on two characterizations ---
+    out = _ok(_argv(case("recpipe characterize --out char-a --data data --models models --threads 1 --quick"),
+                    ports), capsys)
+    assert out.startswith("characterization: ") and (Path("char-a") / "report" / "curve.png").exists()
+    shutil.copytree("char-a", "char-b")
+    out = _ok(_argv(case("recpipe report char-a char-b --out char-report/"), ports), capsys)
+    assert "## Sequential per-stage latency" in out and Path("char-report/curves.png").exists()
     # --- bench ---
     m, d = str(small_models), str(small_dataset)
     for cmd, small in (

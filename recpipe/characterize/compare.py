@@ -1,0 +1,239 @@
+"""Two (or more) characterizations side by side, section by section, with speed-ups over the first.
+
+A speed-up is ``baseline / run`` for a latency or CPU time (2.00x: the run takes half) and
+``run / baseline`` for a throughput or a rate (2.00x: the run serves twice as much); above 1.00x the
+run is better. ``differences`` names the settings that must match for the ratios to mean something
+(``recpipe.characterize.settings.COMPARABLE``); the platform-side ones (device, threads, ...) are what
+a comparison varies, and are listed, not refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from recpipe.characterize import report, settings
+from recpipe.config import STEPS
+from recpipe.querygen.compare import speedup
+from recpipe.querygen.output import write_atomic
+from recpipe.querygen.plots import _COLORS, _figure, _save
+
+Runs = Sequence[tuple[str, dict[str, Any]]]
+CHARTS = ("curves.png", "stages.png")
+#: settings shown side by side (varied by a comparison, so not refused)
+_VARIED = ("device", "threads", "workers", "serve_args", "data", "models")
+
+
+def differences(base: dict[str, Any], run: dict[str, Any]) -> list[str]:
+    return settings.differences(base["settings"], run["settings"])
+
+
+def _x(r: float | None) -> str:
+    return "n/a" if r is None else f"{r:.2f}x"
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    return None if not num or not den else num / den
+
+
+def _ms(us: float | None) -> str:
+    return "-" if us is None else f"{us / 1000:.3f}"
+
+
+def markdown(runs: Runs, unlike: Sequence[str] = (), charts: Sequence[str] = CHARTS) -> str:
+    labels = [label for label, _ in runs]
+    base_label, base = runs[0]
+    others = runs[1:]
+    out = ["# recpipe characterizations compared", "",
+           f"Speed-ups are relative to **{base_label}**; above 1.00x is better (less time, more throughput).", ""]
+    if unlike:
+        out += ["**Warning: these characterizations differ in settings that must match, so the speed-ups "
+                "compare unlike things (compared anyway with --force):** " + "; ".join(unlike), ""]
+    out += ["| | " + " | ".join(labels) + " |", "|---|" + "---|" * len(runs)]
+    out.append("| platform | " + " | ".join(report.title(doc).replace("|", "/") for _, doc in runs) + " |")
+    for key in _VARIED:
+        out.append(f"| {key} | " + " | ".join(str(doc["settings"].get(key)) for _, doc in runs) + " |")
+    out.append("| sections | " + " | ".join(", ".join(doc["sections"]) for _, doc in runs) + " |")
+    out += [""]
+    out += _sequential(runs) + _cpu(runs) + _sweep(runs) + _slo(runs) + _micro(runs)
+    if others:
+        out += ["## Verdict", ""]
+        for label, doc in others:
+            out.append(f"- {verdict(label, base, doc)}")
+        out.append("")
+    out += [f"![{c}]({c})" for c in charts]
+    return "\n".join(out) + "\n"
+
+
+def verdict(label: str, base: dict[str, Any], run: dict[str, Any]) -> str:
+    """e.g. ``"B: sequential end to end 1.23x (p50); augment_user 1.00x; ...; peak throughput 1.50x"``."""
+    parts = []
+    a, b = base["sections"].get("sequential"), run["sections"].get("sequential")
+    if a and b:
+        parts.append(f"sequential end to end {_x(speedup(a['end_to_end']['p50_us'], b['end_to_end']['p50_us']))} (p50)")
+        parts += [f"{s} {_x(speedup(a['stages'][s]['p50_us'], b['stages'][s]['p50_us']))}" for s in STEPS]
+    a, b = base["sections"].get("sweep"), run["sections"].get("sweep")
+    if a and b:
+        parts.append(f"peak throughput {_x(_ratio(b['peak_throughput'], a['peak_throughput']))}")
+    return f"{label}: " + ("; ".join(parts) if parts else "no section both finished")
+
+
+def _both(runs: Runs, name: str) -> bool:
+    return all(name in doc["sections"] for _, doc in runs)
+
+
+def _missing(runs: Runs, name: str) -> list[str]:
+    lacking = [label for label, doc in runs if name not in doc["sections"]]
+    return [f"_{name}: not in {', '.join(lacking)}; not compared._", ""]
+
+
+def _sequential(runs: Runs) -> list[str]:
+    out = ["## Sequential per-stage latency (ms)", ""]
+    if not _both(runs, "sequential"):
+        return out + _missing(runs, "sequential")
+    labels = [lb for lb, _ in runs]
+    head = "| stage | " + " | ".join(f"{lb} p50 | {lb} p99" for lb in labels)
+    head += "".join(f" | {lb} speed-up p50 | {lb} speed-up p99" for lb in labels[1:]) + " |"
+    out += [head, "|---" * (1 + 2 * len(runs) + 2 * (len(runs) - 1)) + "|"]
+    base = runs[0][1]["sections"]["sequential"]
+    for row in (*STEPS, "end_to_end"):
+        def block(sec: dict[str, Any], r: str = row) -> dict[str, Any]:
+            return sec["end_to_end"] if r == "end_to_end" else sec["stages"][r]
+        cells = []
+        for _, doc in runs:
+            b = block(doc["sections"]["sequential"])
+            cells += [_ms(b["p50_us"]), _ms(b["p99_us"])]
+        for _, doc in runs[1:]:
+            b = block(doc["sections"]["sequential"])
+            cells += [_x(speedup(block(base)[k], b[k])) for k in ("p50_us", "p99_us")]
+        out.append(f"| {'**end to end**' if row == 'end_to_end' else row} | " + " | ".join(cells) + " |")
+    out += ["", "Where the time goes (sequential, mean ms: queue / compute / network):", "",
+            "| stage | " + " | ".join(labels) + " |", "|---" * (1 + len(runs)) + "|"]
+    for stage in STEPS:
+        cells = []
+        for _, doc in runs:
+            p = report.split(doc["sections"]["sequential"]["stages"][stage])
+            cells.append(f"{_ms(p['queue'])} / {_ms(p['compute'])} / {_ms(p['network'])}")
+        out.append(f"| {stage} | " + " | ".join(cells) + " |")
+    return [*out, ""]
+
+
+def _cpu(runs: Runs) -> list[str]:
+    if not _both(runs, "sequential"):
+        return []
+    labels = [lb for lb, _ in runs]
+    out = ["## CPU time per query per process (sequential, ms of CPU; speed-up = less CPU)", "",
+           "| process | " + " | ".join(labels) + "".join(f" | {lb} speed-up" for lb in labels[1:]) + " |",
+           "|---" * (1 + 2 * len(runs) - 1) + "|"]
+    base = runs[0][1]["sections"]["sequential"]["cpu_s_per_query"]
+    for proc in base:
+        values = [doc["sections"]["sequential"]["cpu_s_per_query"].get(proc) for _, doc in runs]
+        cells = ["-" if v is None else f"{v * 1000:.2f}" for v in values]
+        cells += [_x(_ratio(base[proc], v)) for v in values[1:]]
+        out.append(f"| {proc} | " + " | ".join(cells) + " |")
+    return [*out, ""]
+
+
+def _sweep(runs: Runs) -> list[str]:
+    out = ["## Closed-loop concurrency sweep", ""]
+    if not _both(runs, "sweep"):
+        return out + _missing(runs, "sweep")
+    labels = [lb for lb, _ in runs]
+    sweeps = [doc["sections"]["sweep"] for _, doc in runs]
+    line = "Peak throughput: " + "; ".join(
+        f"{lb} {s['peak_throughput'] or 0:.1f} q/s at {s['peak_concurrency']} clients ({s['stop_reason']})"
+        for lb, s in zip(labels, sweeps, strict=True))
+    for lb, s in zip(labels[1:], sweeps[1:], strict=True):
+        line += f"; {lb} speed-up {_x(_ratio(s['peak_throughput'], sweeps[0]['peak_throughput']))}"
+    out.append(line + ".")
+    out += ["", "| clients | " + " | ".join(f"{lb} q/s | {lb} p99 ms" for lb in labels)
+            + "".join(f" | {lb} q/s speed-up | {lb} p99 speed-up" for lb in labels[1:]) + " |",
+            "|---" * (1 + 2 * len(runs) + 2 * (len(runs) - 1)) + "|"]
+    by_c = [{p["concurrency"]: p for p in s["points"]} for s in sweeps]
+    for c in sorted(set().union(*by_c)):
+        points = [b.get(c) for b in by_c]
+        cells = []
+        for p in points:
+            cells += ["-", "-"] if p is None else [f"{p['throughput']:.1f}", _ms(p["p99_us"])]
+        b0 = points[0]
+        for p in points[1:]:
+            if p is None or b0 is None:
+                cells += ["n/a", "n/a"]
+            else:
+                cells += [_x(_ratio(p["throughput"], b0["throughput"])), _x(speedup(b0["p99_us"], p["p99_us"]))]
+        out.append(f"| {c} | " + " | ".join(cells) + " |")
+    return [*out, ""]
+
+
+def _slo(runs: Runs) -> list[str]:
+    out = ["## SLO search: highest rate with p99 under the bound (q/s)", ""]
+    if not _both(runs, "slo"):
+        return out + _missing(runs, "slo")
+    labels = [lb for lb, _ in runs]
+    found = [{s["p99_bound_ms"]: s["max_rate"] for s in doc["sections"]["slo"]["searches"]} for _, doc in runs]
+    out += ["| p99 bound ms | " + " | ".join(labels) + "".join(f" | {lb} speed-up" for lb in labels[1:]) + " |",
+            "|---" * (1 + 2 * len(runs) - 1) + "|"]
+    for bound in sorted(set().union(*found)):
+        rates = [f.get(bound) for f in found]
+        cells = ["none met" if r is None else f"{r:.1f}" for r in rates]
+        cells += [_x(_ratio(r, rates[0])) for r in rates[1:]]
+        out.append(f"| {bound:g} | " + " | ".join(cells) + " |")
+    return [*out, ""]
+
+
+def _micro(runs: Runs) -> list[str]:
+    out = ["## Micro-benchmarks (p50 ms)", ""]
+    if not _both(runs, "micro"):
+        return out + _missing(runs, "micro")
+    labels = [lb for lb, _ in runs]
+    tables = [{(b["name"], r["form"]): r for b in doc["sections"]["micro"]["benches"] for r in b["rows"]}
+              for _, doc in runs]
+    keys = list(tables[0]) + [k for t in tables[1:] for k in t if k not in tables[0]]
+    out += ["| bench | form | " + " | ".join(labels) + "".join(f" | {lb} speed-up" for lb in labels[1:]) + " |",
+            "|---" * (2 + 2 * len(runs) - 1) + "|"]
+    for key in keys:
+        rows = [t.get(key) for t in tables]
+        cells = ["-" if r is None else f"{r['p50_ms']:.3f}" for r in rows]
+        for r in rows[1:]:
+            b0 = rows[0]
+            cells.append("n/a" if r is None or b0 is None else _x(speedup(b0["p50_ms"] * 1000, r["p50_ms"] * 1000)))
+        out.append(f"| {key[0]} | {key[1]} | " + " | ".join(cells) + " |")
+    recalls = [{(b["name"], r["what"]): r["recall"] for b in doc["sections"]["micro"]["benches"]
+                for r in b.get("recalls", [])} for _, doc in runs]
+    if any(recalls):
+        out += ["", "| bench | recall | " + " | ".join(labels) + " |", "|---" * (2 + len(runs)) + "|"]
+        for key in dict.fromkeys(k for r in recalls for k in r):
+            out.append(f"| {key[0]} | {key[1]} | " + " | ".join(
+                "-" if r.get(key) is None else f"{r[key]:.4f}" for r in recalls) + " |")
+    return [*out, ""]
+
+
+def stages_figure(runs: Runs) -> Any:
+    """Sequential per-stage p50, one stacked bar per characterization."""
+    fig = _figure()
+    ax = fig.add_subplot(1, 1, 1)
+    have = [(lb, doc["sections"]["sequential"]) for lb, doc in runs if "sequential" in doc["sections"]]
+    bottom = [0.0] * len(have)
+    for stage in STEPS:
+        values = [seq["stages"][stage]["p50_us"] / 1000 for _, seq in have]
+        ax.bar([lb for lb, _ in have], values, bottom=bottom, color=_COLORS[stage], label=stage)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    if have:
+        ax.set_ylim(top=max(bottom) * 1.35)  # room for the legend above the bars
+        ax.legend(fontsize=8, ncols=2)
+    else:
+        ax.text(0.5, 0.5, "no sequential section", ha="center", va="center", transform=ax.transAxes)
+    ax.set_ylabel("per-stage p50, stacked (ms)")
+    ax.set_xlabel("characterization")
+    ax.set_title("sequential per-stage latency", fontsize=10)
+    return fig
+
+
+def write(runs: Runs, out: Path, unlike: Sequence[str], force: bool) -> str:
+    out.mkdir(parents=True, exist_ok=True)
+    _save(report.curve_figure(list(runs)), out / CHARTS[0], force=force)
+    _save(stages_figure(runs), out / CHARTS[1], force=force)
+    text = markdown(runs, unlike)
+    write_atomic(out / "report.md", text.encode(), force=force)
+    return text

@@ -1,0 +1,76 @@
+"""The characterization document: one versioned JSON file, rewritten atomically as each section ends.
+
+``DIR/characterization.json``::
+
+    {"format": "recpipe.characterization", "format_version": 1, "recpipe_version": ...,
+     "started_utc": ..., "updated_utc": ..., "settings": {...},
+     "sections": {"platform": {...}, "sequential": {...}, "sweep": {...}, "slo": {...}, "micro": {...}},
+     "not_run": {"slo": "budget of 60 s spent", ...}}
+
+A section is in ``sections`` only once it finished, so a rerun with the same --out skips it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+from recpipe import __version__
+from recpipe.errors import UsageError
+from recpipe.querygen.output import write_json
+
+FORMAT = "recpipe.characterization"
+FORMAT_VERSION = 1
+SUPPORTED_VERSIONS = (1,)
+FILENAME = "characterization.json"
+#: in the order they run
+SECTIONS: tuple[str, ...] = ("platform", "sequential", "sweep", "slo", "micro")
+
+
+def now_utc() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def new(settings: dict[str, Any]) -> dict[str, Any]:
+    return {"format": FORMAT, "format_version": FORMAT_VERSION, "recpipe_version": __version__,
+            "started_utc": now_utc(), "updated_utc": now_utc(), "settings": settings, "sections": {},
+            "not_run": {}}
+
+
+def save(path: Path, doc: dict[str, Any]) -> None:
+    doc["updated_utc"] = now_utc()
+    write_json(path, doc, force=True)
+
+
+def peek_format(path: str | Path) -> str | None:
+    """The ``format`` field of a JSON document, or of DIR/characterization.json for a directory (None
+    when it is not a JSON object with one)."""
+    p = Path(path)
+    try:
+        doc = json.loads((p / FILENAME if p.is_dir() else p).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return doc.get("format") if isinstance(doc, dict) else None
+
+
+def load(path: str | Path) -> dict[str, Any]:
+    """Read a characterization; UsageError if it is not one this recpipe reads."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / FILENAME
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"cannot read {p}: {e}") from None
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{p} is not JSON: {e}") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise UsageError(f"{p} is not a recpipe characterization (format {FORMAT!r} missing)")
+    if doc.get("format_version") not in SUPPORTED_VERSIONS:
+        raise UsageError(f"{p}: format_version {doc.get('format_version')!r} is not supported "
+                         f"(this recpipe reads {SUPPORTED_VERSIONS})")
+    if not isinstance(doc.get("settings"), dict) or not isinstance(doc.get("sections"), dict):
+        raise UsageError(f"{p}: missing 'settings' or 'sections'")
+    return doc

@@ -1,0 +1,242 @@
+"""The report of one characterization: Markdown tables and PNG charts in DIR/report/.
+
+- ``curve.png``: the closed-loop throughput/latency curve (end-to-end p50 and p99 against throughput,
+  each point labelled with its clients);
+- ``stages.png``: the per-stage stack (p50 of each stage, sequential and at each sweep point);
+- ``split.png``: where each stage's time goes in the sequential run: queue, compute, the rest of the
+  server's time, and the network (time the gateway saw minus the server's own), means in ms.
+The Markdown adds the platform, the settings, the SLO searches, CPU seconds per query per process and
+the micro-benchmark rows. Rewritten on every run (the directory is the command's own output).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from recpipe.config import STEPS
+from recpipe.querygen.output import write_atomic
+from recpipe.querygen.plots import _COLORS, _figure, _save
+
+MARKDOWN = "report.md"
+CHARTS = ("curve.png", "stages.png", "split.png")
+
+
+def _ms(us: float | None) -> str:
+    return "-" if us is None else f"{us / 1000:.3f}" if us < 1000 else f"{us / 1000:.2f}"
+
+
+def split(stage: dict[str, Any]) -> dict[str, float]:
+    """Mean µs of one stage's time: queue, compute, other server time, network (observed - server)."""
+    server = stage["server"]["mean_us"]
+    queue, compute = stage["queue"]["mean_us"], stage["compute"]["mean_us"]
+    return {"queue": queue, "compute": compute, "other server": max(server - queue - compute, 0.0),
+            "network": max(stage["mean_us"] - server, 0.0)}
+
+
+def title(doc: dict[str, Any]) -> str:
+    plat = doc["sections"].get("platform") or {}
+    s = doc["settings"]
+    return (f"{plat.get('cpu', '?')} ({plat.get('usable_cores', '?')} cores), GPU {plat.get('gpu', '?')}; "
+            f"device {s['device']}, threads {s['threads']}{', quick' if s['quick'] else ''}")
+
+
+def curve_figure(runs: list[tuple[str, dict[str, Any]]]) -> Any:
+    fig = _figure()
+    ax = fig.add_subplot(1, 1, 1)
+    drawn = False
+    for i, (label, doc) in enumerate(runs):
+        points = (doc["sections"].get("sweep") or {}).get("points") or []
+        if not points:
+            continue
+        drawn = True
+        x = [p["throughput"] for p in points]
+        color = f"C{i}"
+        prefix = f"{label}: " if len(runs) > 1 else ""
+        ax.plot(x, [p["p50_us"] / 1000 for p in points], "o-", color=color, label=f"{prefix}p50")
+        ax.plot(x, [p["p99_us"] / 1000 for p in points], "s--", color=color, label=f"{prefix}p99")
+        for p in points:
+            ax.annotate(f"{p['concurrency']}", (p["throughput"], p["p99_us"] / 1000), textcoords="offset points",
+                        xytext=(4, 4), fontsize=8, color=color)
+    if not drawn:
+        ax.text(0.5, 0.5, "no sweep points", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("throughput (queries/s)")
+    ax.set_ylabel("end-to-end latency (ms)")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    if drawn:
+        ax.legend(fontsize=8)
+    ax.set_title("closed-loop concurrency sweep (numbers: clients)", fontsize=10)
+    fig.suptitle(title(runs[0][1]) if len(runs) == 1 else "characterizations compared", fontsize=9)
+    return fig
+
+
+def stages_figure(doc: dict[str, Any]) -> Any:
+    fig = _figure()
+    ax = fig.add_subplot(1, 1, 1)
+    columns: list[tuple[str, dict[str, Any]]] = []
+    if seq := doc["sections"].get("sequential"):
+        columns.append(("sequential", seq["stages"]))
+    for p in (doc["sections"].get("sweep") or {}).get("points") or []:
+        columns.append((f"{p['concurrency']} client{'s' * (p['concurrency'] != 1)}", p["stages"]))
+    names = [c[0] for c in columns]
+    bottom = [0.0] * len(columns)
+    for stage in STEPS:
+        values = [c[1][stage]["p50_us"] / 1000 for c in columns]
+        ax.bar(names, values, bottom=bottom, color=_COLORS[stage], label=stage)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    if not columns:
+        ax.text(0.5, 0.5, "no serving section finished", ha="center", va="center", transform=ax.transAxes)
+    else:
+        ax.set_ylim(top=max(bottom) * 1.35)  # room for the legend above the bars
+        ax.legend(fontsize=8, ncols=2)
+    ax.set_ylabel("per-stage p50, stacked (ms)")
+    ax.set_xlabel("run")
+    ax.set_title("per-stage latency stack (p50 of each stage as the gateway saw it)", fontsize=10)
+    fig.suptitle(title(doc), fontsize=9)
+    return fig
+
+
+_SPLIT_COLORS = {"queue": "#8172B3", "compute": "#C44E52", "other server": "#CCB974", "network": "#64B5CD"}
+
+
+def split_figure(doc: dict[str, Any]) -> Any:
+    fig = _figure()
+    ax = fig.add_subplot(1, 1, 1)
+    seq = doc["sections"].get("sequential")
+    if not seq:
+        ax.text(0.5, 0.5, "sequential section not run", ha="center", va="center", transform=ax.transAxes)
+    else:
+        parts = {stage: split(seq["stages"][stage]) for stage in STEPS}
+        left = [0.0] * len(STEPS)
+        for part, color in _SPLIT_COLORS.items():
+            values = [parts[s][part] / 1000 for s in STEPS]
+            ax.barh(list(STEPS), values, left=left, color=color,
+                    label="network (observed - server)" if part == "network" else part)
+            left = [a + v for a, v in zip(left, values, strict=True)]
+        ax.invert_yaxis()
+        ax.legend(fontsize=8)
+    ax.set_xlabel("mean time per query (ms)")
+    ax.set_ylabel("stage")
+    ax.set_title("where the time goes, sequential: queue vs compute vs network", fontsize=10)
+    fig.suptitle(title(doc), fontsize=9)
+    return fig
+
+
+def markdown(doc: dict[str, Any], charts: tuple[str, ...] = CHARTS) -> str:
+    sec = doc["sections"]
+    s = doc["settings"]
+    out = ["# recpipe characterization", "", f"{title(doc)}; recpipe {doc['recpipe_version']}, "
+           f"started {doc['started_utc']}, updated {doc['updated_utc']}", ""]
+    if doc.get("not_run"):
+        out += ["**Not run:** " + "; ".join(f"{k} ({v})" for k, v in doc["not_run"].items()), ""]
+    if plat := sec.get("platform"):
+        mem = plat.get("memory_bytes")
+        gpus = ", ".join(f"{g['name']} {g['memory']} driver {g['driver']}" for g in plat.get("gpus") or []) or "none"
+        libs = ", ".join(f"{k} {v}" for k, v in (plat.get("libraries") or {}).items())
+        out += ["## Platform", "", f"- CPU: {plat['cpu']}, {plat['cores']} cores ({plat['usable_cores']} usable)",
+                f"- memory: {mem / 2**30:.1f} GiB" if mem else "- memory: ?", f"- GPU: {gpus}",
+                f"- OS: {plat['os']}, Python {plat['python']}", f"- libraries: {libs}", ""]
+    out += ["## Settings", "", "| setting | value |", "|---|---|"]
+    out += [f"| {k} | {v} |" for k, v in s.items() if k != "sizes"]
+    out += [f"| sizes.{k} | {v} |" for k, v in s["sizes"].items()] + [""]
+    if seq := sec.get("sequential"):
+        devices = ", ".join(f"{n}: {i.get('device')}" for n, i in seq["pipeline"].items() if isinstance(i, dict))
+        out += ["## Sequential per-stage latency", "",
+                f"{seq['queries']} queries ({seq['errors']} errors), {seq['achieved_rate']:.1f} q/s; devices {devices}",
+                "", "| stage | p50 ms | p99 ms | server p50 ms | queue mean ms | compute mean ms | network mean ms |",
+                "|---|---|---|---|---|---|---|"]
+        for stage in STEPS:
+            b = seq["stages"][stage]
+            parts = split(b)
+            out.append(f"| {stage} | {_ms(b['p50_us'])} | {_ms(b['p99_us'])} | {_ms(b['server']['p50_us'])} | "
+                       f"{_ms(parts['queue'])} | {_ms(parts['compute'])} | {_ms(parts['network'])} |")
+        e = seq["end_to_end"]
+        out += [f"| **end to end** | {_ms(e['p50_us'])} | {_ms(e['p99_us'])} | | | | |", ""]
+        out += _cpu_table("CPU seconds per query (ms of CPU) per process, sequential:", seq["cpu_s_per_query"])
+        out += _gpu_line(seq)
+    if sweep := sec.get("sweep"):
+        out += ["## Closed-loop concurrency sweep", "", f"Stopped: {sweep['stop_reason']}. Peak "
+                f"{sweep['peak_throughput'] or 0:.1f} q/s at {sweep['peak_concurrency']} clients.", ""]
+        procs = list((sweep["points"][0]["cpu_s_per_query"] if sweep["points"] else {}).keys())
+        out += ["| clients | q/s | p50 ms | p99 ms | " + " | ".join(f"{st} p50/p99 ms" for st in STEPS) + " | "
+                + " | ".join(f"CPU ms/q {p}" for p in procs) + " |", "|---" * (4 + len(STEPS) + len(procs)) + "|"]
+        for p in sweep["points"]:
+            cells = [str(p["concurrency"]), f"{p['throughput']:.1f}", _ms(p["p50_us"]), _ms(p["p99_us"])]
+            cells += [f"{_ms(p['stages'][st]['p50_us'])} / {_ms(p['stages'][st]['p99_us'])}" for st in STEPS]
+            cells += [_cpu_ms(p["cpu_s_per_query"].get(q)) for q in procs]
+            out.append("| " + " | ".join(cells) + " |")
+        out += ["", *_gpu_line(sweep)]
+    if slo := sec.get("slo"):
+        out += ["## SLO search (highest open-loop rate with end-to-end p99 under the bound)", "",
+                "| p99 bound ms | max rate q/s | steps |", "|---|---|---|"]
+        for srch in slo["searches"]:
+            rate = srch["max_rate"]
+            out.append(f"| {srch['p99_bound_ms']:g} | {'none met' if rate is None else f'{rate:.1f}'} | "
+                       f"{len(srch['curve'])} |")
+        if slo.get("skipped_for_budget_ms"):
+            out.append(f"\nNot searched (budget): {slo['skipped_for_budget_ms']}")
+        out += [""]
+    if micro := sec.get("micro"):
+        out += ["## Micro-benchmarks", "", "| bench | form | p50 ms | p99 ms | p50 ms per query |", "|---|---|---|---|---|"]
+        for b in micro["benches"]:
+            if b["error"]:
+                out.append(f"| {b['name']} | failed: {b['error'][:80]} | | | |")
+            for r in b["rows"]:
+                per = f"{r['per_query_ms']:.3f}" if "per_query_ms" in r else ""
+                out.append(f"| {b['name']} | {r['form']} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {per} |")
+        recalls = [(b["name"], r) for b in micro["benches"] for r in b.get("recalls", [])]
+        if recalls:
+            out += ["", "| bench | recall | value |", "|---|---|---|"]
+            out += [f"| {name} | {r['what']} | {r['recall']:.4f} |" for name, r in recalls]
+        out += ["", "Commands (each bench's full output is in the JSON):", ""]
+        out += [f"- `{b['command']}`" for b in micro["benches"]] + [""]
+    out += [f"![{c}]({c})" for c in charts]
+    return "\n".join(out) + "\n"
+
+
+def _cpu_ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1000:.2f}"
+
+
+def _cpu_table(head: str, cpu: dict[str, float | None]) -> list[str]:
+    return [head, "", "| " + " | ".join(cpu) + " |", "|---" * len(cpu) + "|",
+            "| " + " | ".join(_cpu_ms(v) for v in cpu.values()) + " |", ""]
+
+
+def _gpu_line(block: dict[str, Any]) -> list[str]:
+    g = block.get("gpu_busy") or {}
+    if g.get("measured"):
+        return [f"GPU busy fraction: {g['busy_fraction']:.2f} ({g['samples']} samples)", ""]
+    return [f"GPU busy fraction: unmeasured ({g.get('reason', '?')})", ""]
+
+
+def write(doc: dict[str, Any], out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    drawn = [_save(curve_figure([("", doc)]), out / CHARTS[0], force=True),
+             _save(stages_figure(doc), out / CHARTS[1], force=True),
+             _save(split_figure(doc), out / CHARTS[2], force=True)]
+    write_atomic(out / MARKDOWN, markdown(doc).encode(), force=True)
+    return drawn
+
+
+def summary(doc: dict[str, Any]) -> str:
+    """A few lines for stdout: the headline numbers of each finished section."""
+    sec = doc["sections"]
+    lines = [f"characterization: {title(doc)}"]
+    if seq := sec.get("sequential"):
+        lines.append("sequential p50 ms: " + ", ".join(f"{s} {_ms(seq['stages'][s]['p50_us'])}" for s in STEPS)
+                     + f"; end to end {_ms(seq['end_to_end']['p50_us'])} (p99 {_ms(seq['end_to_end']['p99_us'])})")
+    if sweep := sec.get("sweep"):
+        lines.append(f"sweep: peak {sweep['peak_throughput'] or 0:.1f} q/s at {sweep['peak_concurrency']} clients "
+                     f"({sweep['stop_reason']})")
+    if slo := sec.get("slo"):
+        lines.append("slo: " + ", ".join(f"p99 <= {s['p99_bound_ms']:g} ms: "
+                                         + ("none" if s["max_rate"] is None else f"{s['max_rate']:.1f} q/s")
+                                         for s in slo["searches"]))
+    if micro := sec.get("micro"):
+        lines.append(f"micro: {len(micro['benches'])} benches, "
+                     f"{sum(1 for b in micro['benches'] if b['error'])} failed")
+    if doc.get("not_run"):
+        lines.append(f"not run (budget): {', '.join(doc['not_run'])}")
+    return "\n".join(lines)

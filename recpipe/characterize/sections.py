@@ -1,0 +1,256 @@
+"""The sections of a characterization, each a function returning its JSON block.
+
+The serving sections (sequential, sweep, slo) share one chain of stage processes started the way
+``recpipe demo`` starts it, and measure through ``recpipe.querygen.session.execute``; CPU time is read
+from the supervised stage processes (and this process, the generator) around each measurement.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from recpipe.characterize import cputime, micro, ranking_batches
+from recpipe.characterize.settings import MIN_GAIN, Settings
+from recpipe.config import STEPS
+from recpipe.querygen.session import MIN_STEP_QUERIES
+
+#: the generator's own CPU time is recorded beside the stages' under this name
+GENERATOR = "querygen"
+
+
+def say(message: str) -> None:
+    print(f"== characterize: {message}", file=sys.stderr, flush=True)
+
+
+def platform_section(settings: Settings) -> dict[str, Any]:
+    """The generator's machine (CPU, cores, memory, GPU, driver, libraries)."""
+    from recpipe.querygen import platform_info
+
+    out = platform_info.detect()
+    out["memory_bytes"] = _mem_total()
+    out["usable_cores"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else out["cores"]
+    out["gpus"] = _gpus()
+    try:
+        import torch
+
+        out["torch_cuda"] = {"available": bool(torch.cuda.is_available()), "cuda": torch.version.cuda,
+                             "threads": torch.get_num_threads()}
+    except ImportError:
+        out["torch_cuda"] = {"available": False}
+    return out
+
+
+def _mem_total() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _gpus() -> list[dict[str, str]]:
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return []
+    try:
+        out = subprocess.run([smi, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    rows = [[c.strip() for c in line.split(",")] for line in out.stdout.splitlines() if line.strip()]
+    return [{"name": r[0], "memory": r[1], "driver": r[2]} for r in rows if len(r) == 3]
+
+
+@dataclass(frozen=True)
+class Chain:
+    gateway: str
+    pids: dict[str, int | None]
+
+    def cpu(self) -> dict[str, float | None]:
+        return cputime.snapshot({**self.pids, GENERATOR: os.getpid()})
+
+
+@contextlib.contextmanager
+def chain(settings: Settings, log_level: str) -> Iterator[Chain]:
+    """The stages, one process each, on free ports of 127.0.0.1 (as ``recpipe demo`` starts them)."""
+    from recpipe.config import DEFAULT_HOST
+    from recpipe.serving.launch import allocate_ports, resolve_threads, supervised_stages, threads_arg
+    from recpipe.serving.supervisor import Supervisor
+    from recpipe.stages import REGISTRY
+
+    host = DEFAULT_HOST
+    ports, metrics = allocate_ports(REGISTRY, host, 0, -1)
+    threads, chosen = resolve_threads(REGISTRY, threads_arg(settings.threads))
+    stages = supervised_stages(REGISTRY, models=Path(settings.models), data=Path(settings.data), host=host,
+                               ports=ports, metrics=metrics, device=settings.device, threads=threads,
+                               workers=settings.workers, log_level=log_level, extra=settings.serve_args)
+    say(f"serve: starting {', '.join(REGISTRY.names)} (one process each); {chosen}")
+    supervisor = Supervisor(stages)
+    supervisor.start()
+    try:
+        pids = {spec.name: supervisor.pid(spec.name) for spec in stages}
+        yield Chain(supervisor.addresses()[REGISTRY.entry.name], pids)
+    finally:
+        supervisor.stop()
+
+
+def _config(settings: Settings, target: str, **kw: Any) -> Any:
+    from recpipe.querygen.config import QuerygenConfig
+    from recpipe.querygen.workload import fixed_candidates
+
+    return QuerygenConfig(target=target, candidates=fixed_candidates(settings.num_candidates),
+                          num_results=settings.num_results, seed=settings.seed, warmup=settings.sizes.warmup_s, **kw)
+
+
+def _measure(ch: Chain, config: Any) -> tuple[dict[str, Any], dict[str, float | None]]:
+    """One querygen run and the CPU seconds per query each process spent on it (warm-up included)."""
+    from recpipe.querygen import loops, session
+
+    before = ch.cpu()
+    doc = loops.run(session.execute(config))
+    after = ch.cpu()
+    sent = doc["queries"] + doc["warmup_queries"]
+    return doc, cputime.per_query(before, after, sent)
+
+
+def _stage_block(stage: dict[str, Any]) -> dict[str, Any]:
+    return {"p50_us": stage["p50_us"], "p99_us": stage["p99_us"], "mean_us": stage["mean_us"],
+            "count": stage["count"], "server": _pcts(stage["server"]), "queue": _pcts(stage["queue"]),
+            "compute": _pcts(stage["compute"]), "batch_size": stage.get("batch_size")}
+
+
+def _pcts(summary: dict[str, Any]) -> dict[str, Any]:
+    return {k: summary[k] for k in ("p50_us", "p99_us", "mean_us", "count")}
+
+
+def sequential_section(settings: Settings, ch: Chain) -> dict[str, Any]:
+    config = _config(settings, ch.gateway, mode="sequential", queries=settings.sizes.sequential_queries)
+    doc, cpu = _measure(ch, config)
+    return {
+        "queries": doc["queries"], "errors": doc["errors"], "achieved_rate": doc["achieved_rate"],
+        "end_to_end": doc["end_to_end"], "pipeline_total": _pcts(doc["pipeline_total"]),
+        "stages": {s: _stage_block(doc["stages"][s]) for s in STEPS},
+        "cpu_s_per_query": cpu, "pipeline": doc["pipeline"], "model_version": doc["model_version"],
+        "warnings": doc["warnings"],
+    }
+
+
+def sweep_section(settings: Settings, ch: Chain, time_left: Callable[[], float]) -> dict[str, Any]:
+    """Closed loop at 1, 2, 4, ... clients until throughput stops rising, p99 passes the bound, the
+    largest concurrency is reached or the budget is spent."""
+    s = settings.sizes
+    points: list[dict[str, Any]] = []
+    stop = f"reached {s.max_concurrency} clients"
+    best = 0.0
+    c = 1
+    while c <= s.max_concurrency:
+        if time_left() <= 0:
+            stop = "budget spent"
+            break
+        say(f"sweep: {c} client{'s' * (c != 1)} for {s.point_s:g} s")
+        doc, cpu = _measure(ch, _config(settings, ch.gateway, mode="closed", concurrency=c, duration=s.point_s))
+        e2e = doc["end_to_end"]
+        points.append({"concurrency": c, "throughput": doc["achieved_rate"], "queries": doc["queries"],
+                       "errors": doc["errors"], "p50_us": e2e["p50_us"], "p99_us": e2e["p99_us"],
+                       "stages": {st: {"p50_us": doc["stages"][st]["p50_us"], "p99_us": doc["stages"][st]["p99_us"]}
+                                  for st in STEPS},
+                       "cpu_s_per_query": cpu})
+        say(f"sweep: {c} clients -> {doc['achieved_rate']:.1f} q/s, p99 {e2e['p99_us'] / 1000:.2f} ms")
+        if e2e["p99_us"] > s.sweep_p99_ms * 1000:
+            stop = f"p99 {e2e['p99_us'] / 1000:.2f} ms passed the {s.sweep_p99_ms:g} ms bound"
+            break
+        if c > 1 and doc["achieved_rate"] < best * (1 + MIN_GAIN):
+            stop = f"throughput rose less than {MIN_GAIN:.0%} over the best so far"
+            break
+        best = max(best, doc["achieved_rate"])
+        c *= 2
+    peak = max(points, key=lambda p: p["throughput"]) if points else None
+    return {"points": points, "stop_reason": stop, "min_gain": MIN_GAIN, "p99_bound_ms": s.sweep_p99_ms,
+            "peak_throughput": peak["throughput"] if peak else None,
+            "peak_concurrency": peak["concurrency"] if peak else None}
+
+
+def slo_section(settings: Settings, ch: Chain, start_rate: float | None,
+                time_left: Callable[[], float]) -> dict[str, Any]:
+    """querygen's SLO search (``recpipe.querygen.slo``: the highest open-loop rate whose p99 stays
+    under the bound) for each bound, at most ``sizes.slo_max_steps`` steps each."""
+    from recpipe.querygen import loops
+
+    s = settings.sizes
+    # querygen's search tries no rate whose step would hold fewer than MIN_STEP_QUERIES queries;
+    # it starts near half the sweep's peak and halves or doubles from there.
+    start = max(round((start_rate or 20.0) * 0.5, 1), MIN_STEP_QUERIES / s.slo_step_s)
+    searches = []
+    skipped = []
+    for bound in s.slo_bounds_ms:
+        if time_left() <= 0:
+            skipped.append(bound)
+            continue
+        say(f"slo: p99 <= {bound:g} ms, starting at {start:g} q/s, {s.slo_step_s:g} s steps, "
+            f"at most {s.slo_max_steps}")
+        config = _config(settings, ch.gateway, mode="open", rate=start, duration=s.slo_step_s, slo_p99_ms=bound)
+        before = ch.cpu()
+        result, sent = loops.run(_search(config, bound, start, s.slo_max_steps))
+        cpu = cputime.per_query(before, ch.cpu(), sent)
+        searches.append({"p99_bound_ms": bound, "max_rate": result.max_rate, "curve": result.curve,
+                         "step_duration_s": s.slo_step_s, "cpu_s_per_query": cpu})
+        rate = result.max_rate
+        say(f"slo: p99 <= {bound:g} ms -> " + (f"{rate:.1f} q/s" if rate else "no rate met it"))
+    return {"start_rate": start, "searches": searches, "skipped_for_budget_ms": skipped}
+
+
+async def _search(config: Any, bound_ms: float, start: float, max_steps: int) -> tuple[Any, int]:
+    """One SLO search over a querygen session; returns the result and the queries sent (warm-ups too)."""
+    from recpipe.querygen.session import Session, achieved_rate
+    from recpipe.querygen.slo import SloSearch, SloStep, find_max_rate
+
+    session = Session(config)
+    search = SloSearch(bound_ms * 1000, start, max_steps=max_steps, min_rate=MIN_STEP_QUERIES / config.duration)
+    sent = 0
+    await session.open()
+    try:
+        async def step(rate: float) -> SloStep:
+            nonlocal sent
+            m, rec, planned = await session.measure(rate, f"SLO p99 <= {bound_ms:g} ms, {rate:.1f} q/s")
+            sent += m.queries + m.warmup_queries
+            achieved = achieved_rate(m, rec.measure_from, planned)
+            e2e = m.end_to_end
+            say(f"slo: {rate:.1f} q/s offered, {achieved:.1f} achieved, p99 {e2e.percentile_us(99) / 1000:.2f} ms")
+            return SloStep(rate, round(achieved, 3), e2e.percentile_us(50), e2e.percentile_us(99),
+                           e2e.percentile_us(99.9), m.queries, m.error_count)
+
+        return await find_max_rate(search, step), sent
+    finally:
+        await session.close()
+
+
+def micro_section(settings: Settings, time_left: Callable[[], float]) -> dict[str, Any]:
+    results = []
+    skipped = []
+    for bench in micro.plan(settings):
+        if time_left() <= 0:
+            skipped.append(bench.name)
+            continue
+        say(f"micro: {bench.name}")
+        r = micro.run_one(bench)
+        if r["error"]:
+            say(f"micro: {bench.name} failed: {r['error']}")
+        results.append(r)
+    if time_left() <= 0:
+        skipped.append(ranking_batches.NAME)
+    else:
+        say(f"micro: {ranking_batches.NAME} {settings.sizes.ranking_query_batches} x {settings.num_candidates}")
+        results.append(ranking_batches.run(settings))
+        if results[-1]["error"]:
+            say(f"micro: {ranking_batches.NAME} failed: {results[-1]['error']}")
+    return {"benches": results, "skipped_for_budget": skipped}

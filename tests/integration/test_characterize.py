@@ -1,0 +1,196 @@
+"""``recpipe characterize --quick`` end to end on the shared tiny dataset: the document's sections, the
+report's files, resuming (a rerun skips finished sections), the budget, and ``recpipe report A B`` on
+two characterizations (and its refusal where their settings differ)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from recpipe.characterize import document
+from recpipe.characterize.report import CHARTS, MARKDOWN
+from recpipe.cli import main
+from recpipe.config import STEPS
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _characterize(out: Path, data: Path, models: Path, *extra: str) -> int:
+    return main(["characterize", "--out", str(out), "--data", str(data), "--models", str(models), "--quick",
+                 "--device", "cpu", *extra])
+
+
+def _load(out: Path) -> dict:
+    return json.loads((out / document.FILENAME).read_text())
+
+
+@pytest.mark.slow
+def test_characterize_quick_resumes_reports_and_compares(
+        small_dataset: Path, small_models: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    assert _characterize(a, small_dataset, small_models, "--threads", "1") == 0
+    doc = _load(a)
+    assert doc["format"] == document.FORMAT and doc["format_version"] == document.FORMAT_VERSION
+    assert list(doc["sections"]) == list(document.SECTIONS) and doc["not_run"] == {}
+    s = doc["settings"]
+    assert (s["quick"], s["device"], s["threads"], s["num_candidates"]) == (True, "cpu", "1", 500)
+    sec = doc["sections"]
+    assert sec["platform"]["cores"] >= 1 and sec["platform"]["memory_bytes"] > 0
+    seq = sec["sequential"]
+    assert seq["queries"] == s["sizes"]["sequential_queries"] and seq["errors"] == 0
+    for stage in STEPS:
+        assert 0 < seq["stages"][stage]["p50_us"] <= seq["stages"][stage]["p99_us"]
+    # CPU seconds per query of every stage process and of the generator, read from /proc
+    assert set(seq["cpu_s_per_query"]) == {"features", "retrieval", "ranking", "gateway", "querygen"}
+    assert all(v is not None and v > 0 for v in seq["cpu_s_per_query"].values())
+    assert seq["gpu_busy"] == {"measured": False, "reason": "CPU run (--device cpu)"}
+    points = sec["sweep"]["points"]
+    assert [p["concurrency"] for p in points] == [2 ** i for i in range(len(points))]
+    assert all(p["throughput"] > 0 and set(p["stages"]) == set(STEPS) for p in points)
+    assert sec["sweep"]["stop_reason"]
+    searches = sec["slo"]["searches"]
+    assert [x["p99_bound_ms"] for x in searches] == s["sizes"]["slo_bounds_ms"]
+    assert all(1 <= len(x["curve"]) <= s["sizes"]["slo_max_steps"] for x in searches)
+    benches = sec["micro"]["benches"]
+    assert [x["name"].split()[0] for x in benches] == ["ranking", "retrieval", "features", "hop", "ranking"]
+    batched = benches[-1]["rows"]  # B queries x 500 candidates per RankingCore.rank_batch call
+    assert [r["form"] for r in batched] == [f"served, batch {b} x 500" for b in s["sizes"]["ranking_query_batches"]]
+    assert all(0 < r["per_query_ms"] <= r["p50_ms"] for r in batched)
+    for bench in benches:
+        assert bench["rc"] == 0 and not bench["error"] and bench["rows"], bench["stdout"]
+    assert {r["what"].split()[0] for r in benches[1]["recalls"]} == {"served", "fp16", "bf16"}
+    report = a / "report"
+    assert "## Closed-loop concurrency sweep" in (report / MARKDOWN).read_text()
+    for chart in CHARTS:
+        assert (report / chart).read_bytes().startswith(PNG)
+
+    # a rerun into the same --out skips every finished section
+    capsys.readouterr()
+    assert _characterize(a, small_dataset, small_models, "--threads", "1") == 0
+    err = capsys.readouterr().err
+    for name in document.SECTIONS:
+        assert f"{name}: finished in an earlier run, skipped" in err
+    assert _load(a)["sections"] == sec
+    # ... and refuses other settings
+    assert _characterize(a, small_dataset, small_models, "--threads", "2") == 2
+    assert "threads '1' vs '2'" in capsys.readouterr().err
+
+    # the budget: nothing starts once it is spent, and the document says so; a rerun resumes
+    assert _characterize(b, small_dataset, small_models, "--threads", "2", "--budget-s", "1e-9") == 0
+    assert _load(b)["sections"] == {} and set(_load(b)["not_run"]) == set(document.SECTIONS)
+    assert "not started, the budget" in capsys.readouterr().err
+    assert _characterize(b, small_dataset, small_models, "--threads", "2") == 0
+    assert list(_load(b)["sections"]) == list(document.SECTIONS)
+
+    # report A B: section by section, with speed-ups
+    capsys.readouterr()
+    assert main(["report", str(a), str(b / document.FILENAME), "--out", str(tmp_path / "ab")]) == 0
+    text = (tmp_path / "ab" / "report.md").read_text()
+    for heading in ("## Sequential per-stage latency", "## CPU time per query", "## Closed-loop concurrency sweep",
+                    "## SLO search", "## Micro-benchmarks", "## Verdict"):
+        assert heading in text
+    assert "b speed-up p50" in text and "- b: sequential end to end" in text
+    for chart in ("curves.png", "stages.png"):
+        assert (tmp_path / "ab" / chart).read_bytes().startswith(PNG)
+
+    # settings that must match differ: refused with the setting named, compared under --force
+    assert _characterize(c, small_dataset, small_models, "--num-candidates", "50", "--budget-s", "1e-9") == 0
+    capsys.readouterr()
+    assert main(["report", str(a), str(c), "--out", str(tmp_path / "ac")]) == 2
+    err = capsys.readouterr().err
+    assert "num_candidates 500 vs 50" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "ac").exists()
+    assert main(["report", str(a), str(c), "--out", str(tmp_path / "ac"), "--force"]) == 0
+    assert "warning: settings differ: c vs a: num_candidates 500 vs 50" in capsys.readouterr().err
+    assert "_sequential: not in c; not compared._" in (tmp_path / "ac" / "report.md").read_text()
+
+
+def test_report_refuses_a_mix_of_runs_and_characterizations(tmp_path: Path) -> None:
+    char = tmp_path / "char.json"
+    char.write_text(json.dumps(document.new({})))
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"format": "recpipe.querygen.run"}))
+    assert main(["report", str(char), str(run), "--out", str(tmp_path / "r")]) == 2
+
+
+def test_cpu_seconds_of_a_process_grow_with_its_work() -> None:
+    import os
+
+    from recpipe.characterize import cputime
+
+    before = cputime.snapshot({"me": os.getpid(), "gone": 2**22 + 7})
+    deadline = before["me"] + 0.05  # burn at least 50 ms of CPU (the counter ticks at 100 Hz)
+    while (cputime.cpu_seconds(os.getpid()) or 0.0) < deadline:
+        sum(range(10_000))
+    after = cputime.snapshot({"me": os.getpid(), "gone": 2**22 + 7})
+    per = cputime.per_query(before, after, 5)
+    assert before["gone"] is None and per["gone"] is None
+    assert per["me"] is not None and per["me"] >= 0.05 / 5
+    assert cputime.per_query({"x": 2.0}, {"x": 1.0}, 5) == {"x": None}  # restarted: counter went back
+
+
+def test_bench_rows_are_parsed_from_the_printed_tables() -> None:
+    import numpy as np
+
+    from recpipe.bench._timing import Timing, table
+    from recpipe.characterize.micro import parse_recalls, parse_rows
+
+    text = "ranking bench: cpu\n" + table([Timing("naive (60 calls)", np.array([2_000_000, 4_000_000]), 10),
+                                           Timing("served", np.array([1_000_000, 1_000_000]), 10)], "naive (60 calls)")
+    text += "\nbare grpc.aio echo                       545       751\n  of which in the queue   14   25\n"
+    rows = parse_rows(text)
+    assert [r["form"] for r in rows] == ["naive (60 calls)", "served", "bare grpc.aio echo"]
+    assert rows[1]["p50_ms"] == 1.0 and rows[2]["p99_ms"] == 0.751
+    recalls = parse_recalls("served recall@100 vs exact on these queries: 0.9770\n"
+                            "fp16 exact search alone: recall@500 vs fp32 exact 0.9983\nform p50\n")
+    assert recalls == [{"what": "served recall@100 vs exact on these queries", "recall": 0.977},
+                       {"what": "fp16 exact search alone: recall@500 vs fp32 exact", "recall": 0.9983}]
+
+
+def test_settings_differences_name_each_field() -> None:
+    from recpipe.characterize.settings import COMPARABLE, FULL, QUICK, RESUMABLE, Settings, differences
+
+    a = Settings(quick=True, sizes=QUICK, data="d", models="m", data_scale=0.1, data_seed=11, dataset_sha256=None,
+                 threads="1").to_json()
+    b = Settings(quick=False, sizes=FULL, data="d", models="m", data_scale=0.1, data_seed=11, dataset_sha256=None,
+                 threads="2").to_json()
+    diff = differences(a, b, COMPARABLE)
+    assert diff[0] == "quick True vs False" and "sizes.point_s 1.0 vs 5.0" in diff
+    assert not any(d.startswith("threads") for d in diff)
+    assert "threads '1' vs '2'" in differences(a, b, RESUMABLE)
+
+
+def test_gpu_busy_sampling_skips_cleanly_without_a_gpu() -> None:
+    from recpipe.characterize.gpu import BusySampler
+
+    with BusySampler(False, why_not="CPU run") as s:
+        pass
+    assert s.result() == {"measured": False, "reason": "CPU run"}
+    import shutil
+
+    if shutil.which("nvidia-smi") is None:
+        with BusySampler(True, interval_s=0.01) as s:
+            pass
+        assert s.result()["measured"] is False and s.result()["reason"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--slo-p99-ms", "10,x"], "--slo-p99-ms takes numbers"),
+    (["--slo-p99-ms", "0"], "--slo-p99-ms bounds must be > 0"),
+    (["--data", "nowhere"], "--data nowhere: no manifest.json there"),
+    (["--scale", "2"], "--scale must be in (0, 1]"),
+    (["--budget-s", "0", "--data", "D", "--models", "M"], "--budget-s must be > 0"),
+])
+def test_bad_flags_exit_2_with_one_line_and_write_nothing(
+        flags: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for name in ("D", "M"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "manifest.json").write_text("{}")
+    flags = [str(tmp_path / f) if f in ("D", "M") else f for f in flags]
+    out = tmp_path / "out"
+    assert main(["characterize", "--out", str(out), *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert not out.exists()
