@@ -47,6 +47,8 @@ class TrainConfig:
     max_retrieval_rows: int = 400_000
     #: held-out rows scored for ranking_auc (uniform subsample beyond it)
     max_eval_rows: int = 200_000
+    #: held-out rows (of those above) scored by the served forward in each precision: paired AUC deltas
+    max_precision_rows: int = 100_000
     #: validation rows scored after each DLRM epoch (and half as many training rows, for train AUC)
     max_val_rows: int = 60_000
     #: users sampled for the recall@500 metrics and for tuning the index
