@@ -201,7 +201,10 @@ def _train(
     ranking_auc = auc(eval_rows["label"].to_numpy(), scores)
     t = lap("ranking_eval", t)
     # the served forward in each precision this CPU runs, on the same rows: what --ranking-precision auto reads
-    auc_by_precision = precision_aucs(dlrm, core, eval_rows)
+    precision_rows = eval_rows
+    if precision_rows.height > cfg.max_precision_rows:
+        precision_rows = precision_rows.sample(cfg.max_precision_rows, seed=cfg.seed)
+    auc_by_precision = precision_aucs(dlrm, core, precision_rows)
     t = lap("precision_eval", t)
 
     out_parent = out.parent if str(out.parent) else Path(".")
@@ -238,6 +241,7 @@ def _train(
                 "eval_users": len(eval_users),
                 "eval_pairs": int(pairs.height),
                 "eval_rows": int(eval_rows.height),
+                "precision_eval_rows": int(precision_rows.height),
             },
             "shapes": {
                 "num_users": core.num_users, "num_items": core.num_items,
