@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from recpipe.config import DEFAULT_DATA_DIR, DEFAULT_MODELS_DIR, STEPS, TOTAL_STEP
 from recpipe.errors import UsageError
+from recpipe.files import write_atomic
 
 T = TypeVar("T")
 #: The ratio the issue asks for: gRPC end to end p50 <= 1.3 x in-process.
@@ -147,9 +148,7 @@ def run(args: argparse.Namespace) -> int:
                   "threads": args.threads, "workers": args.workers, "stages": rows, "disagreements": disagree, "overhead_p50_us": overhead,
                   "end_to_end": {"grpc_p50_us": g_e2e.p50, "grpc_p99_us": g_e2e.p99,
                                  "inprocess_p50_us": l_e2e.p50, "inprocess_p99_us": l_e2e.p99, "ratio_p50": ratio}}
-        tmp = args.out.with_name(args.out.name + ".tmp")
-        tmp.write_text(json.dumps(report, indent=2) + "\n")
-        tmp.replace(args.out)
+        write_atomic(args.out, json.dumps(report, indent=2) + "\n", force=True)  # --out has always replaced
     return 0
 
 
