@@ -62,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
 
     from recpipe.client import RecommendClient
     from recpipe.config import DEFAULT_HOST
-    from recpipe.gateway.latency import Summary, stage_summaries
+    from recpipe.gateway.latency import stage_summaries
+    from recpipe.percentiles import Summary
     from recpipe.serving import threads
     from recpipe.serving.launch import allocate_ports, supervised_stages
     from recpipe.serving.supervisor import Supervisor

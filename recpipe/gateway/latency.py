@@ -7,33 +7,12 @@ with it; ``recpipe querygen`` is the full instrument (HdrHistogram, open/closed 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-
-import numpy as np
 
 from recpipe.config import STEPS, TOTAL_STEP
+from recpipe.percentiles import Summary
 from recpipe.types import Recommendation
 
 PERCENTILES = (50, 90, 99)
-
-
-@dataclass(frozen=True)
-class Summary:
-    """Percentiles in microseconds of one series of samples."""
-
-    count: int
-    p50: float
-    p90: float
-    p99: float
-    mean: float
-
-    @classmethod
-    def of(cls, samples_us: Sequence[float]) -> Summary:
-        if not samples_us:
-            return cls(0, float("nan"), float("nan"), float("nan"), float("nan"))
-        a = np.asarray(samples_us, dtype=np.float64)
-        p50, p90, p99 = np.percentile(a, PERCENTILES)
-        return cls(a.size, float(p50), float(p90), float(p99), float(a.mean()))
 
 
 def stage_summaries(recs: Iterable[Recommendation]) -> dict[str, tuple[Summary, Summary]]:
