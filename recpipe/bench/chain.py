@@ -15,6 +15,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
+from recpipe.bench._args import require_dirs
 from recpipe.config import DEFAULT_DATA_DIR, DEFAULT_MODELS_DIR, STEPS, TOTAL_STEP
 from recpipe.errors import UsageError
 from recpipe.files import write_atomic
@@ -55,9 +56,7 @@ def run_now(coro: Coroutine[Any, Any, T]) -> T:
 def run(args: argparse.Namespace) -> int:
     if args.queries < 1 or args.warmup < 0:
         raise UsageError("--queries must be >= 1 and --warmup >= 0")
-    for path, what in ((args.models, "--models"), (args.data, "--data")):
-        if not Path(path).is_dir():
-            raise UsageError(f"{what} {path}: no such directory")
+    require_dirs(("--models", args.models), ("--data", args.data))
     import numpy as np
 
     from recpipe.client import RecommendClient
