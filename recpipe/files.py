@@ -3,11 +3,13 @@
 A temporary file in the target's directory is written, flushed and fsynced, renamed over the target
 (``os.replace``, atomic on POSIX within one filesystem), and the directory is fsynced so the rename
 itself survives a crash. On any failure the temporary file is removed and the target is untouched.
+``swap_dir`` moves a finished directory into place the same way.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -64,3 +66,27 @@ def _fsync_path(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def swap_dir(tmp: Path, out: Path) -> None:
+    """Move the finished directory ``tmp`` (a sibling of ``out``) to ``out`` by renames.
+
+    An existing ``out`` is first moved aside into a hidden sibling and deleted only once ``tmp`` is in
+    place; if that rename fails, it is put back. The caller decides whether ``out`` may be replaced.
+    """
+    out = Path(out)
+    parent = out.absolute().parent
+    if not out.exists():
+        os.rename(tmp, out)
+        _fsync_path(parent)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=parent))
+    os.rename(out, old / "data")
+    try:
+        os.rename(tmp, out)
+    except BaseException:
+        os.rename(old / "data", out)
+        shutil.rmtree(old, ignore_errors=True)
+        raise
+    _fsync_path(parent)
+    shutil.rmtree(old, ignore_errors=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from recpipe.errors import UsageError
-from recpipe.files import check_writable, write_atomic
+from recpipe.files import check_writable, swap_dir, write_atomic
 
 
 def _leftovers(d: Path, keep: str) -> list[str]:
@@ -82,3 +82,28 @@ def test_bad_data_leaves_no_temporary(tmp_path: Path) -> None:
     with pytest.raises(TypeError):
         write_atomic(tmp_path / "x", 42, force=False)  # type: ignore[arg-type]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_swap_dir_moves_in_and_replaces_keeping_nothing_aside(tmp_path: Path) -> None:
+    out = tmp_path / "data"
+    first = tmp_path / ".data.tmp-1"
+    first.mkdir()
+    (first / "a").write_text("1")
+    swap_dir(first, out)
+    assert (out / "a").read_text() == "1" and not first.exists()
+    second = tmp_path / ".data.tmp-2"
+    second.mkdir()
+    (second / "b").write_text("2")
+    swap_dir(second, out)
+    assert sorted(p.name for p in out.iterdir()) == ["b"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]
+
+
+def test_swap_dir_puts_the_old_directory_back_when_the_move_fails(tmp_path: Path) -> None:
+    out = tmp_path / "data"
+    out.mkdir()
+    (out / "a").write_text("old")
+    with pytest.raises(FileNotFoundError):
+        swap_dir(tmp_path / "missing", out)
+    assert (out / "a").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]
