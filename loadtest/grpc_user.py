@@ -25,6 +25,8 @@ from locust.env import Environment
 from locust.exception import LocustError
 from workload import WorkloadError, parse_target
 
+from recpipe.serving.channels import make_blocking_channel
+
 grpc_gevent.init_gevent()
 
 
@@ -84,7 +86,6 @@ class GrpcUser(User):
 
     abstract = True
     stub_class: ClassVar[type | None] = None
-    channel_options: ClassVar[tuple[tuple[str, Any], ...]] = (("grpc.lb_policy_name", "round_robin"),)
 
     def __init__(self, environment: Environment) -> None:
         super().__init__(environment)
@@ -94,7 +95,7 @@ class GrpcUser(User):
             self.target = parse_target(self.host)
         except WorkloadError as e:
             raise LocustError(str(e)) from e
-        self._channel = grpc.insecure_channel(self.target, options=list(self.channel_options))
+        self._channel = make_blocking_channel(self.target)
         self.channel = grpc.intercept_channel(self._channel, LocustInterceptor(environment))
         self.stub = self.stub_class(self.channel)
         #: the same service without the interceptor: for set-up calls that must not count as load

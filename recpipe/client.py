@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
 from types import TracebackType
 
 import grpc
@@ -87,16 +86,3 @@ class RecommendClient:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
-
-
-def run_sequential(
-    client: RecommendClient, user_ids: Sequence[int], num_candidates: int = 0, num_results: int = 0
-) -> tuple[list[Recommendation], list[int]]:
-    """One query per user id, one after another; returns the answers and client-observed µs each."""
-    recs: list[Recommendation] = []
-    client_us: list[int] = []
-    for user_id in user_ids:
-        start = time.perf_counter_ns()
-        recs.append(client.recommend(int(user_id), num_candidates, num_results))
-        client_us.append((time.perf_counter_ns() - start) // 1000)
-    return recs, client_us

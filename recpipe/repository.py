@@ -19,6 +19,7 @@ from typing import Any
 from recpipe.datagen.manifest import dataset_sha256, sha256_file
 from recpipe.datagen.manifest import load_manifest as read_data_manifest
 from recpipe.errors import ArtifactMismatch, UsageError, clip
+from recpipe.files import write_atomic
 
 MANIFEST = "manifest.json"
 DATA_MANIFEST = "manifest.json"
@@ -43,9 +44,8 @@ def read_json(path: Path) -> dict[str, Any]:
 
 
 def write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    """Write an artifact's JSON (into a repository being built, so replacing is expected)."""
+    write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n", force=True)
 
 
 def write_manifest(root: Path, content: dict[str, Any]) -> dict[str, Any]:

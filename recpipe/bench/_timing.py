@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from recpipe.percentiles import percentile
 from recpipe.serving import nvtx
 
 
@@ -18,7 +19,7 @@ class Timing:
     rows_per_call: int = 1
 
     def pct_ms(self, q: float) -> float:
-        return float(np.percentile(self.samples_ns, q)) / 1e6
+        return percentile(self.samples_ns, q, scale=1e6)
 
     @property
     def throughput(self) -> float:

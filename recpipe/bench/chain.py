@@ -15,8 +15,10 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
+from recpipe.bench._args import require_dirs
 from recpipe.config import DEFAULT_DATA_DIR, DEFAULT_MODELS_DIR, STEPS, TOTAL_STEP
 from recpipe.errors import UsageError
+from recpipe.files import write_atomic
 
 T = TypeVar("T")
 #: The ratio the issue asks for: gRPC end to end p50 <= 1.3 x in-process.
@@ -55,15 +57,14 @@ def run_now(coro: Coroutine[Any, Any, T]) -> T:
 def run(args: argparse.Namespace) -> int:
     if args.queries < 1 or args.warmup < 0:
         raise UsageError("--queries must be >= 1 and --warmup >= 0")
-    for path, what in ((args.models, "--models"), (args.data, "--data")):
-        if not Path(path).is_dir():
-            raise UsageError(f"{what} {path}: no such directory")
+    require_dirs(("--models", args.models), ("--data", args.data))
     import numpy as np
 
     from recpipe.client import RecommendClient
     from recpipe.config import DEFAULT_HOST
-    from recpipe.gateway.latency import Summary, stage_summaries
+    from recpipe.gateway.latency import stage_summaries
     from recpipe.inprocess import IN_PROCESS_OPTIONS
+    from recpipe.percentiles import Summary
     from recpipe.serving import threads
     from recpipe.serving.launch import allocate_ports, supervised_stages
     from recpipe.serving.options import merged_argv
@@ -153,9 +154,7 @@ def run(args: argparse.Namespace) -> int:
                   "threads": args.threads, "workers": args.workers, "stages": rows, "disagreements": disagree, "overhead_p50_us": overhead,
                   "end_to_end": {"grpc_p50_us": g_e2e.p50, "grpc_p99_us": g_e2e.p99,
                                  "inprocess_p50_us": l_e2e.p50, "inprocess_p99_us": l_e2e.p99, "ratio_p50": ratio}}
-        tmp = args.out.with_name(args.out.name + ".tmp")
-        tmp.write_text(json.dumps(report, indent=2) + "\n")
-        tmp.replace(args.out)
+        write_atomic(args.out, json.dumps(report, indent=2) + "\n", force=True)  # --out has always replaced
     return 0
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from recpipe.bench._args import require_dirs
 from recpipe.config import DEFAULT_DATA_DIR, DEFAULT_MODELS_DIR, DEFAULT_NUM_CANDIDATES
 from recpipe.errors import UsageError
 from recpipe.types import ItemFeatures, UserFeatures
@@ -104,9 +105,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.queries < 1 or args.warmup < 0 or args.items < 1:
         raise UsageError("--queries and --items must be >= 1, --warmup >= 0")
-    for path, what in ((args.models, "--models"), (args.data, "--data")):
-        if not Path(path).is_dir():
-            raise UsageError(f"{what} {path}: no such directory")
+    require_dirs(("--models", args.models), ("--data", args.data))
     from recpipe.bench._timing import measure_interleaved, table
     from recpipe.features.core import FeatureCore, read_tables
     from recpipe.timesplit import split_by_time

@@ -21,6 +21,7 @@ import numpy as np
 
 from recpipe import schema
 from recpipe.errors import UsageError
+from recpipe.percentiles import percentile, percentiles
 
 #: The issue's target: a recpipe hop costs at most 1.25x the bare echo.
 TARGET_RATIO = 1.25
@@ -113,18 +114,18 @@ def run(args: argparse.Namespace) -> int:
     finally:
         proc.terminate()
         proc.join(10)
-    echo_p50, stage_p50 = np.percentile(echo_ns, 50) / 1e3, np.percentile(stage_ns, 50) / 1e3
+    echo_p50, stage_p50 = percentile(echo_ns, 50, scale=1e3), percentile(stage_ns, 50, scale=1e3)
     ratio = stage_p50 / echo_p50
     print(f"recpipe bench hop: {args.calls} calls each (+{args.warmup} warm-up), alternating; payload "
           f"{request.ByteSize():,} B request ({k} candidates), {reply_bytes:,} B reply; stage --workers "
           f"{args.workers}, --max-batch {args.max_batch}")
     print(f"{'hop':<34}{'p50 µs':>10}{'p99 µs':>10}")
-    for name, ns in (("bare grpc.aio echo", echo_ns), ("recpipe ranking stage (Rank)", stage_ns)):
-        print(f"{name:<34}{np.percentile(ns, 50) / 1e3:>10.0f}{np.percentile(ns, 99) / 1e3:>10.0f}")
-    print(f"{'  of which inside the Rank handler':<34}{np.percentile(handler_ns, 50) / 1e3:>10.0f}"
-          f"{np.percentile(handler_ns, 99) / 1e3:>10.0f}   (decode, contract, batcher, encode)")
-    print(f"{'  of which in the batcher queue':<34}{np.percentile(queue_ns, 50) / 1e3:>10.0f}"
-          f"{np.percentile(queue_ns, 99) / 1e3:>10.0f}")
+    rows = (("bare grpc.aio echo", echo_ns, ""), ("recpipe ranking stage (Rank)", stage_ns, ""),
+            ("  of which inside the Rank handler", handler_ns, "   (decode, contract, batcher, encode)"),
+            ("  of which in the batcher queue", queue_ns, ""))
+    for name, ns, note in rows:
+        p50, p99 = percentiles(ns, (50, 99), scale=1e3)
+        print(f"{name:<34}{p50:>10.0f}{p99:>10.0f}{note}")
     verdict = "meets" if ratio <= TARGET_RATIO else "MISSES"
     print(f"stage hop / echo p50 = {ratio:.2f}x ({verdict} the {TARGET_RATIO}x target); overhead over the "
           f"echo floor {stage_p50 - echo_p50:.0f} µs per hop")

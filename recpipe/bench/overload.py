@@ -30,9 +30,12 @@ from typing import Any
 
 import numpy as np
 
+from recpipe.bench._args import require_dirs
 from recpipe.config import DEFAULT_DATA_DIR, DEFAULT_MODELS_DIR
 from recpipe.errors import UsageError
+from recpipe.files import write_atomic
 from recpipe.gateway.options import DEFAULT_MAX_IN_FLIGHT
+from recpipe.percentiles import percentile
 from recpipe.stages import REGISTRY
 
 #: The issue's targets.
@@ -93,9 +96,7 @@ def run(args: argparse.Namespace) -> int:
     supervisor = None
     target = args.target
     if target is None:
-        for path, what in ((args.models, "--models"), (args.data, "--data")):
-            if not Path(path).is_dir():
-                raise UsageError(f"{what} {path}: no such directory")
+        require_dirs(("--models", args.models), ("--data", args.data))
         ports, metrics = allocate_ports(REGISTRY, DEFAULT_HOST, 0, -1)
         extra = ["--max-batch", str(args.max_batch), "--max-queue", str(args.max_queue),
                  "--max-in-flight", str(args.max_in_flight)]
@@ -117,9 +118,7 @@ def run(args: argparse.Namespace) -> int:
             supervisor.stop()
     (_print_outage if fault is not None else _print)(args, report)
     if args.out is not None:
-        tmp = args.out.with_name(args.out.name + ".tmp")
-        tmp.write_text(json.dumps(report, indent=2) + "\n")
-        tmp.replace(args.out)
+        write_atomic(args.out, json.dumps(report, indent=2) + "\n", force=True)
     return 0
 
 
@@ -282,8 +281,7 @@ async def _phases(args: argparse.Namespace, target: str, pids: dict[str, int | N
     await channel.close(None)
 
     def ok_ms(rows: list[tuple[str, float, float]], q: float) -> float:
-        lat = [r[1] * 1e3 for r in rows if r[0] == "OK"]
-        return float(np.percentile(lat, q)) if lat else float("nan")
+        return percentile([r[1] * 1e3 for r in rows if r[0] == "OK"], q)
 
     base_p50, base_p99 = ok_ms(base, 50), ok_ms(base, 99)
     normal_ms = max(2 * base_p50, base_p99)
@@ -307,8 +305,8 @@ async def _phases(args: argparse.Namespace, target: str, pids: dict[str, int | N
                      "refused_at_door": codes["RESOURCE_EXHAUSTED"], "refused_after_hops": codes[REFUSED_AFTER_HOPS],
                      "admitted_expired_share": codes["DEADLINE_EXCEEDED"] / admitted if admitted else None,
                      "accepted_p50_ms": ok_ms(over, 50), "accepted_p99_ms": ok_ms(over, 99),
-                     "shed_p50_ms": float(np.percentile(shed, 50)) if shed else None,
-                     "shed_p99_ms": float(np.percentile(shed, 99)) if shed else None},
+                     "shed_p50_ms": percentile(shed, 50) if shed else None,
+                     "shed_p99_ms": percentile(shed, 99) if shed else None},
         "recovery": {"probes": len(probes), "normal_ms": normal_ms, "back_to_normal_s": round(recovered_at, 3),
                      "codes": dict(Counter(p[1] for p in probes))},
         "rss_mb": {s: {"before": rss_before[s], "after": rss_after[s]} for s in pids},

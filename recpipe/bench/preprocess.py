@@ -19,8 +19,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from recpipe.bench._args import require_dirs
 from recpipe.config import DEFAULT_DATA_DIR
 from recpipe.errors import UsageError
+from recpipe.files import write_atomic
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,8 +39,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--repeat must be >= 1, got {args.repeat}")
     if args.max_vocab < 2:
         raise UsageError(f"--max-vocab must be >= 2, got {args.max_vocab}")
-    if not Path(args.data).is_dir():
-        raise UsageError(f"--data {args.data}: no such directory")
+    require_dirs(("--data", args.data))
     import numpy as np
     import polars as pl
 
@@ -100,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"same vocabularies: {'yes' if same_vocab else 'NO'}; largest mean/std difference "
           f"(in stds): {stat_diff:.2e}")
     if args.out is not None:
-        args.out.write_text(json.dumps({"data": str(args.data), "repeat": args.repeat, "nvtabular": version,
-                                        "median_seconds": med, "samples": rows, "same_vocabularies": same_vocab,
-                                        "max_stat_difference": stat_diff}, indent=2) + "\n")
+        doc = {"data": str(args.data), "repeat": args.repeat, "nvtabular": version, "median_seconds": med,
+               "samples": rows, "same_vocabularies": same_vocab, "max_stat_difference": stat_diff}
+        write_atomic(args.out, json.dumps(doc, indent=2) + "\n", force=True)  # --out has always replaced
     return 0 if same_vocab else 1

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from recpipe.bench._args import require_dirs
 from recpipe.config import DEFAULT_DATA_DIR, DEFAULT_MODELS_DIR, DEFAULT_NUM_CANDIDATES
 from recpipe.errors import UsageError
 
@@ -40,9 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.batch < 1 or args.calls < 1 or args.warmup < 0 or args.threads < 0:
         raise UsageError("--batch and --calls must be >= 1, --warmup and --threads >= 0")
-    for path, what in ((args.models, "--models"), (args.data, "--data")):
-        if not Path(path).is_dir():
-            raise UsageError(f"{what} {path}: no such directory")
+    require_dirs(("--models", args.models), ("--data", args.data))
+    from recpipe.serving import threads
+
+    threads.configure(args.threads, torch=True)  # before Polars and torch size their pools
     import numpy as np
     import torch
 
@@ -51,8 +53,6 @@ def run(args: argparse.Namespace) -> int:
     from recpipe.ranking.core import RankingCore
     from recpipe.ranking.model import NaiveSparseArch, SparseArch
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     features = FeatureCore.load(args.models, args.data)
     ranking = RankingCore.load(args.models, device=args.device)
     cuda = ranking.torch_device.type == "cuda"

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from recpipe.bench._args import require_dirs
 from recpipe.config import DEFAULT_DATA_DIR, DEFAULT_MODELS_DIR
 from recpipe.errors import UsageError
 from recpipe.retrieval.options import RetrievalOptions
@@ -60,14 +61,15 @@ def _parse(args: argparse.Namespace) -> tuple[list[int], list[str]]:
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown:
         raise UsageError(f"--kinds: unknown {', '.join(unknown)}; choose from {', '.join(KINDS)}, all or none")
-    for path, what in ((args.models, "--models"), (args.data, "--data")):
-        if not Path(path).is_dir():
-            raise UsageError(f"{what} {path}: no such directory")
+    require_dirs(("--models", args.models), ("--data", args.data))
     return ks, kinds
 
 
 def run(args: argparse.Namespace) -> int:
     ks, kinds = _parse(args)
+    from recpipe.serving import threads
+
+    threads.configure(args.threads, torch=True, faiss=True)  # before Polars, torch and FAISS size their pools
     import faiss
     import numpy as np
     import torch
@@ -77,9 +79,6 @@ def run(args: argparse.Namespace) -> int:
     from recpipe.retrieval import index as faiss_index
     from recpipe.retrieval.core import RetrievalCore
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-        faiss.omp_set_num_threads(args.threads)
     features = FeatureCore.load(args.models, args.data)
     retrieval = RetrievalCore.load(args.models, device=args.device)
     emb = retrieval.item_embeddings()

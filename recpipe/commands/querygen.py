@@ -95,10 +95,11 @@ def build_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 
 def run(args: argparse.Namespace) -> int:
+    from recpipe.files import check_writable
     from recpipe.querygen import loops, output, plots, session
     config = build_config(args)
     if args.out:
-        output.check_writable(args.out, args.force)
+        check_writable(args.out, args.force)
     if args.plot and not args.force:
         from pathlib import Path
 

@@ -33,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
 
     from recpipe.characterize import document
     from recpipe.errors import UsageError
+    from recpipe.files import write_atomic
     from recpipe.querygen import compare, output, plots
 
     kinds = {document.peek_format(p) == document.FORMAT for p in args.runs}
@@ -64,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     plots.stage_bars(runs, out / "stages.png", force=True)
     plots.latency_cdf(runs, out / "latency_cdf.png", force=True)
     text = compare.markdown(runs, charts=names[1:], unlike=unlike)
-    output.write_atomic(out / "report.md", text.encode(), force=True)
+    write_atomic(out / "report.md", text, force=True)
     print(text, end="")
     return 0
 

@@ -13,16 +13,6 @@ MAX_SEED = 2**63 - 1
 MAX_SCALE = 100.0
 
 
-def parse_seed(text: str) -> int:
-    """A seed from the command line: a decimal integer in 0..2**63-1."""
-    try:
-        value = int(text.strip(), 10)
-    except ValueError:
-        raise UsageError(f"--seed must be an integer in 0..{MAX_SEED}, got {text!r}") from None
-    check_seed(value)
-    return value
-
-
 def check_seed(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEED:
         raise UsageError(f"seed must be an integer in 0..{MAX_SEED}, got {value!r}")

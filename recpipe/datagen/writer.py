@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 from recpipe import schema
 from recpipe.errors import UsageError
 from recpipe.filemodes import dir_mode
+from recpipe.files import swap_dir
 
 MANIFEST_NAME = "manifest.json"
 DATASET_FILES: tuple[str, ...] = (*schema.TABLE_FILES.values(), MANIFEST_NAME)
@@ -165,15 +166,6 @@ class DatasetDir:
     def _commit(self, tmp: Path) -> None:
         out = self.out
         os.chmod(tmp, dir_mode())  # mkdtemp makes it 0700
-        if not out.exists():
-            os.rename(tmp, out)
-            return
-        self._check()  # still ours to replace (nothing foreign appeared meanwhile)
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.absolute().parent))
-        os.rename(out, old / "data")
-        try:
-            os.rename(tmp, out)
-        except BaseException:
-            os.rename(old / "data", out)
-            raise
-        shutil.rmtree(old, ignore_errors=True)
+        if out.exists():
+            self._check()  # still ours to replace (nothing foreign appeared meanwhile)
+        swap_dir(tmp, out)

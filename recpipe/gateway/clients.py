@@ -33,13 +33,20 @@ from recpipe.v1 import (
 R = TypeVar("R")
 
 
-class _StageChannel:
+class _StageClient:
+    """What every stage client shares: its channel, calling with a deadline, errors, closing."""
+
     def __init__(self, stage: str, target: str, channel: aio.Channel | None = None) -> None:
         self.stage = stage
         self.target = target
-        self.channel = channel if channel is not None else make_channel(target)
+        self._channel = channel if channel is not None else make_channel(target)
 
-    async def call(self, rpc: Callable[..., Awaitable[R]], request: object, timeout: float | None) -> R:
+    @property
+    def channel(self) -> aio.Channel:
+        """The channel the chain calls the stage on (the gateway's readiness checks use it too)."""
+        return self._channel
+
+    async def _call(self, rpc: Callable[..., Awaitable[R]], request: object, timeout: float | None) -> R:
         try:
             return await rpc(request, timeout=timeout)
         except aio.AioRpcError as e:
@@ -55,61 +62,45 @@ class _StageChannel:
         return error_for(code, f"{self.stage}: {e.details()}")
 
     async def close(self) -> None:
-        await self.channel.close(None)
+        await self._channel.close(None)
 
 
-class GrpcFeatureClient:
+class GrpcFeatureClient(_StageClient):
     """Returns the stage's response messages as the user/items payloads (forwarded, not decoded)."""
 
     def __init__(self, target: str, channel: aio.Channel | None = None) -> None:
-        self._ch = _StageChannel("features", target, channel)
-        self._stub = features_pb2_grpc.FeatureServiceStub(self._ch.channel)
+        super().__init__("features", target, channel)
+        self._stub = features_pb2_grpc.FeatureServiceStub(self.channel)
 
     async def augment_user(self, user_id: int, timeout: float | None) -> StageResult[features_pb2.AugmentUserResponse]:
-        r = await self._ch.call(self._stub.AugmentUser, features_pb2.AugmentUserRequest(user_id=user_id), timeout)
+        r = await self._call(self._stub.AugmentUser, features_pb2.AugmentUserRequest(user_id=user_id), timeout)
         return _result(r, r)
 
     async def augment_items(
         self, user_id: int, item_ids: np.ndarray, timeout: float | None
     ) -> StageResult[features_pb2.AugmentItemsResponse]:
         request = features_pb2.AugmentItemsRequest(user_id=user_id, item_ids=codec.encode(item_ids))
-        r = await self._ch.call(self._stub.AugmentItems, request, timeout)
+        r = await self._call(self._stub.AugmentItems, request, timeout)
         return _result(r, r)
 
-    @property
-    def channel(self) -> aio.Channel:
-        """The channel the chain calls the stage on (the gateway's readiness checks use it too)."""
-        return self._ch.channel
 
-    async def close(self) -> None:
-        await self._ch.close()
-
-
-class GrpcRetrievalClient:
+class GrpcRetrievalClient(_StageClient):
     def __init__(self, target: str, channel: aio.Channel | None = None) -> None:
-        self._ch = _StageChannel("retrieval", target, channel)
-        self._stub = retrieval_pb2_grpc.RetrievalServiceStub(self._ch.channel)
+        super().__init__("retrieval", target, channel)
+        self._stub = retrieval_pb2_grpc.RetrievalServiceStub(self.channel)
 
     async def retrieve(
         self, user: features_pb2.AugmentUserResponse, k: int, timeout: float | None
     ) -> StageResult[np.ndarray]:
         request = retrieval_pb2.RetrieveRequest(user_dense=user.dense, user_sparse=user.sparse, k=k)
-        r = await self._ch.call(self._stub.Retrieve, request, timeout)
+        r = await self._call(self._stub.Retrieve, request, timeout)
         return _result(_decode(r.item_ids, "retrieval", "item_ids", "int64", (None,)), r, r.model_version)
 
-    @property
-    def channel(self) -> aio.Channel:
-        """The channel the chain calls the stage on (the gateway's readiness checks use it too)."""
-        return self._ch.channel
 
-    async def close(self) -> None:
-        await self._ch.close()
-
-
-class GrpcRankingClient:
+class GrpcRankingClient(_StageClient):
     def __init__(self, target: str, channel: aio.Channel | None = None) -> None:
-        self._ch = _StageChannel("ranking", target, channel)
-        self._stub = ranking_pb2_grpc.RankingServiceStub(self._ch.channel)
+        super().__init__("ranking", target, channel)
+        self._stub = ranking_pb2_grpc.RankingServiceStub(self.channel)
 
     async def rank(
         self, user: features_pb2.AugmentUserResponse, items: features_pb2.AugmentItemsResponse, timeout: float | None
@@ -117,17 +108,9 @@ class GrpcRankingClient:
         request = ranking_pb2.RankRequest(
             user_dense=user.dense, user_sparse=user.sparse, item_dense=items.dense, item_sparse=items.sparse
         )
-        r = await self._ch.call(self._stub.Rank, request, timeout)
+        r = await self._call(self._stub.Rank, request, timeout)
         k = items.dense.shape[0] if items.dense.shape else None
         return _result(_decode(r.scores, "ranking", "scores", "float32", (k,)), r, r.model_version)
-
-    @property
-    def channel(self) -> aio.Channel:
-        """The channel the chain calls the stage on (the gateway's readiness checks use it too)."""
-        return self._ch.channel
-
-    async def close(self) -> None:
-        await self._ch.close()
 
 
 def _result(value: R, reply: Any, model_version: str = "") -> StageResult[R]:

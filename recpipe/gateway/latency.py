@@ -1,39 +1,16 @@
 """Per-stage latency summaries of a run of Recommend calls (p50/p90/p99 of server and observed time).
 
-Small on purpose: ``recpipe demo`` and ``recpipe bench chain`` summarise a few hundred raw samples
-with it; ``recpipe querygen`` is the full instrument (HdrHistogram, open/closed loops).
+Small on purpose: ``recpipe bench chain`` summarises a few hundred raw samples with it; ``recpipe
+querygen`` is the full instrument (HdrHistogram, open/closed loops).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-
-import numpy as np
+from collections.abc import Iterable
 
 from recpipe.config import STEPS, TOTAL_STEP
+from recpipe.percentiles import Summary
 from recpipe.types import Recommendation
-
-PERCENTILES = (50, 90, 99)
-
-
-@dataclass(frozen=True)
-class Summary:
-    """Percentiles in microseconds of one series of samples."""
-
-    count: int
-    p50: float
-    p90: float
-    p99: float
-    mean: float
-
-    @classmethod
-    def of(cls, samples_us: Sequence[float]) -> Summary:
-        if not samples_us:
-            return cls(0, float("nan"), float("nan"), float("nan"), float("nan"))
-        a = np.asarray(samples_us, dtype=np.float64)
-        p50, p90, p99 = np.percentile(a, PERCENTILES)
-        return cls(a.size, float(p50), float(p90), float(p99), float(a.mean()))
 
 
 def stage_summaries(recs: Iterable[Recommendation]) -> dict[str, tuple[Summary, Summary]]:
@@ -46,18 +23,3 @@ def stage_summaries(recs: Iterable[Recommendation]) -> dict[str, tuple[Summary, 
                 server[t.stage].append(t.server_us)
                 observed[t.stage].append(t.observed_us)
     return {s: (Summary.of(server[s]), Summary.of(observed[s])) for s in server}
-
-
-def format_table(recs: Sequence[Recommendation], client_us: Sequence[float] | None = None) -> str:
-    """The per-stage table: p50/p90/p99 of server and gateway-observed time, in milliseconds."""
-    head = f"{'stage':<14}" + "".join(f"{'server p' + str(p):>12}" for p in PERCENTILES)
-    head += "".join(f"{'observed p' + str(p):>14}" for p in PERCENTILES)
-    lines = [head + "   (ms)", "-" * len(head)]
-    for stage, (srv, obs) in stage_summaries(recs).items():
-        row = f"{stage:<14}" + "".join(f"{v / 1000:>12.3f}" for v in (srv.p50, srv.p90, srv.p99))
-        row += "".join(f"{v / 1000:>14.3f}" for v in (obs.p50, obs.p90, obs.p99))
-        lines.append(row)
-    if client_us is not None:
-        c = Summary.of(client_us)
-        lines.append(f"{'client':<14}" + " " * 36 + "".join(f"{v / 1000:>14.3f}" for v in (c.p50, c.p90, c.p99)))
-    return "\n".join(lines)

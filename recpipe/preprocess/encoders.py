@@ -19,6 +19,7 @@ import polars as pl
 
 from recpipe import schema
 from recpipe.errors import ArtifactMismatch
+from recpipe.files import write_atomic
 from recpipe.preprocess.config import PreprocessConfig
 
 TABLES: dict[str, schema.Table] = {"users": schema.USERS, "items": schema.ITEMS}
@@ -180,7 +181,7 @@ class Preprocessor:
                 ]
             )
             path = directory / vocab_file(table)
-            frame.write_parquet(path)
+            write_atomic(path, frame.write_parquet, force=True)
             written.append(path)
         stats: dict[str, Any] = {
             "max_vocab": self.config.max_vocab,

@@ -189,14 +189,25 @@ def _finite_or(x: float, default: float) -> float:
 
 
 def _write_atomic(path: Path, write: Any) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    """``recpipe.files.write_atomic``'s steps (this script cannot import recpipe, see above)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{path.suffix}", dir=path.parent)
     os.close(fd)
     try:
         write(tmp)
+        _fsync(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    _fsync(path.parent)
+
+
+def _fsync(path: str | Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def export(frames: dict[str, pd.DataFrame], spec: dict[str, Any], out: Path) -> dict[str, float]:

@@ -3,47 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from recpipe.errors import UsageError
-from recpipe.filemodes import file_mode
+from recpipe.files import write_atomic
 
 FORMAT = "recpipe.querygen.run"
 SUPPORTED_VERSIONS = (1,)
 
 
-def check_writable(path: str | Path, force: bool) -> Path:
-    """Refuse early (before a long run) to overwrite ``path`` without --force."""
-    p = Path(path)
-    if p.exists() and not force:
-        raise UsageError(f"{p} exists; pass --force to overwrite it")
-    if not p.parent.exists():
-        raise UsageError(f"directory {p.parent} does not exist")
-    return p
-
-
-def write_atomic(path: str | Path, data: bytes, force: bool) -> Path:
-    """Write ``data`` to ``path`` via a temporary file in the same directory and a rename."""
-    p = check_writable(path, force)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    try:
-        os.fchmod(fd, file_mode())  # mkstemp's 0600 -> what any other tool would write
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return p
-
-
 def write_json(path: str | Path, doc: dict[str, Any], force: bool) -> Path:
-    return write_atomic(path, (json.dumps(doc, indent=2, sort_keys=False) + "\n").encode(), force)
+    return write_atomic(path, json.dumps(doc, indent=2, sort_keys=False) + "\n", force=force)
 
 
 def load_run(path: str | Path) -> dict[str, Any]:

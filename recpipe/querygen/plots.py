@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from recpipe.config import STEPS
-from recpipe.querygen.output import write_atomic
+from recpipe.files import write_atomic
 from recpipe.querygen.table import min_samples, supported
 
 Labelled = Sequence[tuple[str, dict[str, Any]]]
@@ -43,7 +43,7 @@ def _figure(width: float = 8.0, height: float = 4.5) -> Any:
 def _save(fig: Any, path: Path, force: bool) -> Path:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", bbox_inches="tight")
-    return write_atomic(path, buf.getvalue(), force)
+    return write_atomic(path, buf.getvalue(), force=force)
 
 
 def _plain(v: float) -> str:

@@ -44,10 +44,11 @@ def check(target: str, service: str = "", timeout: float = 3.0) -> tuple[bool, s
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     from recpipe.config import normalize_target
+    from recpipe.serving.channels import make_blocking_channel
 
     target = normalize_target(target)
     t0 = time.monotonic()
-    with grpc.insecure_channel(target) as channel:
+    with make_blocking_channel(target) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             answer = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)

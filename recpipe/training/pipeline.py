@@ -32,6 +32,7 @@ from recpipe.features import artifacts as feature_artifacts
 from recpipe.features.artifacts import FeatureConfig
 from recpipe.features.core import FeatureCore, read_tables
 from recpipe.filemodes import follow_umask
+from recpipe.files import swap_dir
 from recpipe.preprocess import PreprocessConfig, Preprocessor
 from recpipe.ranking import artifacts as ranking_artifacts
 from recpipe.repository import (
@@ -62,19 +63,13 @@ def _prepare_out(out: Path, force: bool) -> None:
 
 
 def _swap_into_place(tmp: Path, out: Path) -> None:
-    old: Path | None = None
     if out.exists():
         check_replaceable(out, force=True)  # again: nothing foreign may have appeared while training
         readme = out / PLACEHOLDER_README
         if is_placeholder(readme):
             shutil.copy2(readme, tmp / PLACEHOLDER_README)  # kept (a tracked file in a checkout)
     follow_umask(tmp)  # mkdtemp made it 0700 and safetensors writes 0600
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        os.replace(out, old)
-    os.replace(tmp, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    swap_dir(tmp, out)
 
 
 def _versions() -> dict[str, str]:

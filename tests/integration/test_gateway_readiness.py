@@ -4,6 +4,7 @@ when it is back; Recommend meanwhile answers UNAVAILABLE naming the stage."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import grpc
@@ -56,11 +57,18 @@ def test_gateway_health_follows_every_stage_it_calls():
             servers = {name: st.start(stages[name](), port=ports[name]) for name in ("features", "retrieval")}
             # ranking is up but still loading (its own health NOT_SERVING): the chain is not ready
             servers["ranking"] = st.start(stages["ranking"](), port=ports["ranking"], load=False)
-            time.sleep(0.5)
             with grpc.insecure_channel(gateway.address) as channel:
                 assert health_status(channel) == "NOT_SERVING"
-            with pytest.raises(StageUnavailable, match=r"ranking unavailable at .*still loading"):
-                client.recommend(1, 20, 5)
+            # once the gateway's channels to the new stages are past their reconnect backoff, the call
+            # reaches ranking, which says why it cannot answer yet
+            deadline = time.monotonic() + 20
+            while True:
+                with pytest.raises(StageUnavailable) as refused:
+                    client.recommend(1, 20, 5)
+                if "ranking unavailable at" in str(refused.value) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            assert re.search(r"ranking unavailable at .*still loading", str(refused.value)), refused.value
 
             st.run(servers["ranking"].load())
             wait_status(gateway.address, "SERVING")

@@ -124,7 +124,7 @@ CASES: dict[str, tuple[str, str]] = {
     "recpipe bench querygen": (RUN, "--rates 100 --duration 0.3 --warmup 0.1"),
     "recpipe bench hop": (RUN, "--calls 20 --warmup 5"),
     "recpipe bench chain --models models --data data --device cuda --queries 500 --nvtx":
-        (SKIP, "--nvtx and --device cuda need a CUDA device (its CPU refusal: tests/unit/test_gpu_fast_path.py)"),
+        (SKIP, "--nvtx and --device cuda need a CUDA device (its CPU refusal: tests/unit/test_ranking_gpu.py)"),
     "recpipe bench overload --models M --data D --rate R":
         (RUN, "--target (the served chain) --rate 10, phases of 1 s"),
     "recpipe serve --models models --data data &": (RUN, "the same serve as above, in the background"),

@@ -163,6 +163,14 @@ def test_metrics_endpoint_counts_requests_errors_latency(features):
 def test_stop_drains_in_flight_request_and_refuses_new_ones(servers, world):
     server, core = feature_server(servers, world, workers=1)
     core.delay_s = 0.8
+    started = threading.Event()
+    user_features = core.user_features
+
+    def signalling(query: object) -> object:
+        started.set()
+        return user_features(query)
+
+    core.user_features = signalling  # type: ignore[assignment,method-assign]
     channel = grpc.insecure_channel(server.address)
     stub = features_pb2_grpc.FeatureServiceStub(channel)
     stub.AugmentItems(
@@ -178,10 +186,18 @@ def test_stop_drains_in_flight_request_and_refuses_new_ones(servers, world):
 
     caller = threading.Thread(target=call)
     caller.start()
-    time.sleep(0.3)
+    assert started.wait(10), "the slow call never reached the core"
     stopping = threading.Thread(target=servers.stop, args=(server, 5.0))
     stopping.start()
-    time.sleep(0.1)
+    # stop has begun once the server refuses a new RPC (its health check is one)
+    health = health_pb2_grpc.HealthStub(channel)
+    for _ in range(500):
+        try:
+            health.Check(health_pb2.HealthCheckRequest(), timeout=2)
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.UNAVAILABLE
+            break
+        time.sleep(0.01)
     with pytest.raises(grpc.RpcError) as info:
         stub.AugmentUser(features_pb2.AugmentUserRequest(user_id=4), timeout=2)
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE

@@ -1,0 +1,92 @@
+"""The one way recpipe writes a file: atomically, never over an existing one without ``force``.
+
+A temporary file in the target's directory is written, flushed and fsynced, renamed over the target
+(``os.replace``, atomic on POSIX within one filesystem), and the directory is fsynced so the rename
+itself survives a crash. On any failure the temporary file is removed and the target is untouched.
+``swap_dir`` moves a finished directory into place the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from recpipe.errors import UsageError
+from recpipe.filemodes import file_mode
+
+Writer = Callable[[Path], object]
+
+
+def check_writable(path: str | Path, force: bool) -> Path:
+    """Refuse early (before a long run) to overwrite ``path`` without --force."""
+    p = Path(path)
+    if p.exists() and not force:
+        raise UsageError(f"{p} exists; pass --force to overwrite it")
+    if not p.parent.exists():
+        raise UsageError(f"directory {p.parent} does not exist")
+    return p
+
+
+def write_atomic(path: str | Path, data: bytes | str | Writer, *, force: bool) -> Path:
+    """Write ``data`` to ``path`` atomically; ``UsageError`` if ``path`` exists and not ``force``.
+
+    ``data`` is bytes, text (UTF-8), or a callable given the temporary path to write itself, for
+    libraries that only write to a path (pyarrow, FAISS, safetensors, matplotlib). The temporary
+    path ends with the target's suffix, so a library that picks its format by suffix picks the same.
+    """
+    p = check_writable(path, force)
+    fd, name = tempfile.mkstemp(prefix=f".{p.name}.", suffix=f".tmp{p.suffix}", dir=p.parent)
+    tmp = Path(name)
+    try:
+        try:
+            os.fchmod(fd, file_mode())  # mkstemp's 0600 -> what any other tool would write
+            if not callable(data):
+                with os.fdopen(fd, "wb", closefd=False) as f:
+                    f.write(data.encode() if isinstance(data, str) else data)
+        finally:
+            os.close(fd)
+        if callable(data):
+            data(tmp)
+            os.chmod(tmp, file_mode())  # some libraries (safetensors) recreate the file 0600
+        _fsync_path(tmp)
+        os.replace(tmp, p)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_path(p.parent)
+    return p
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def swap_dir(tmp: Path, out: Path) -> None:
+    """Move the finished directory ``tmp`` (a sibling of ``out``) to ``out`` by renames.
+
+    An existing ``out`` is first moved aside into a hidden sibling and deleted only once ``tmp`` is in
+    place; if that rename fails, it is put back. The caller decides whether ``out`` may be replaced.
+    """
+    out = Path(out)
+    parent = out.absolute().parent
+    if not out.exists():
+        os.rename(tmp, out)
+        _fsync_path(parent)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=parent))
+    os.rename(out, old / "data")
+    try:
+        os.rename(tmp, out)
+    except BaseException:
+        os.rename(old / "data", out)
+        shutil.rmtree(old, ignore_errors=True)
+        raise
+    _fsync_path(parent)
+    shutil.rmtree(old, ignore_errors=True)
