@@ -19,7 +19,7 @@ from typing import Any
 
 from recpipe import __version__
 from recpipe.errors import UsageError
-from recpipe.querygen.output import write_json
+from recpipe.querygen.output import load_document, write_json
 
 FORMAT = "recpipe.characterization"
 FORMAT_VERSION = 1
@@ -60,17 +60,7 @@ def load(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if p.is_dir():
         p = p / FILENAME
-    try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"cannot read {p}: {e}") from None
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{p} is not JSON: {e}") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise UsageError(f"{p} is not a recpipe characterization (format {FORMAT!r} missing)")
-    if doc.get("format_version") not in SUPPORTED_VERSIONS:
-        raise UsageError(f"{p}: format_version {doc.get('format_version')!r} is not supported "
-                         f"(this recpipe reads {SUPPORTED_VERSIONS})")
+    doc = load_document(p, FORMAT, SUPPORTED_VERSIONS, "a recpipe characterization")
     if not isinstance(doc.get("settings"), dict) or not isinstance(doc.get("sections"), dict):
         raise UsageError(f"{p}: missing 'settings' or 'sections'")
     return doc

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from typing import Any
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,11 +45,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("give querygen runs or characterizations, not a mix of both")
     docs = [output.load_run(p) for p in args.runs]
     labels = _labels(args)
-    unlike = []
-    for label, doc in zip(labels[1:], docs[1:], strict=True):
-        diff = compare.differences(docs[0], doc)
-        if diff:
-            unlike.append(f"{label} vs {labels[0]}: {', '.join(diff)}")
+    unlike = _unlike(labels, docs, compare.differences)
     if unlike and not args.force:
         raise UsageError(f"will not compute speed-ups between unlike runs ({'; '.join(unlike)}); measure them "
                          "the same way, or pass --force to compare anyway")
@@ -97,11 +95,7 @@ def _characterizations(args: argparse.Namespace) -> int:
 
     docs = [document.load(p) for p in args.runs]
     labels = _labels(args)
-    unlike = []
-    for label, doc in zip(labels[1:], docs[1:], strict=True):
-        diff = compare.differences(docs[0], doc)
-        if diff:
-            unlike.append(f"{label} vs {labels[0]}: {', '.join(diff)}")
+    unlike = _unlike(labels, docs, compare.differences)
     if unlike and not args.force:
         raise UsageError(f"will not compute speed-ups between characterizations measured differently "
                          f"({'; '.join(unlike)}); pass --force to compare anyway")
@@ -117,3 +111,14 @@ def _characterizations(args: argparse.Namespace) -> int:
     text = compare.write(list(zip(labels, docs, strict=True)), out, unlike, force=args.force)
     print(text, end="")
     return 0
+
+
+def _unlike(labels: list[str], docs: list[dict[str, Any]],
+            differences: Callable[[dict[str, Any], dict[str, Any]], list[str]]) -> list[str]:
+    """"B vs A: what differs" for every document measured differently from the first."""
+    unlike = []
+    for label, doc in zip(labels[1:], docs[1:], strict=True):
+        diff = differences(docs[0], doc)
+        if diff:
+            unlike.append(f"{label} vs {labels[0]}: {', '.join(diff)}")
+    return unlike
