@@ -195,7 +195,9 @@ def test_stop_drains_in_flight_request_and_refuses_new_ones(servers, world):
         try:
             health.Check(health_pb2.HealthCheckRequest(), timeout=2)
         except grpc.RpcError as e:
-            assert e.code() == grpc.StatusCode.UNAVAILABLE
+            # a check that reached the server just as its shutdown began is cancelled by the transport
+            # (seen once in CI on a loaded box); one sent after that is refused as UNAVAILABLE
+            assert e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED), e
             break
         time.sleep(0.01)
     with pytest.raises(grpc.RpcError) as info:
