@@ -192,7 +192,11 @@ class ServerThread:
         self.servers: list[StageServer] = []
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        """Run ``coro`` on the server loop and wait for its result."""
+        """Run ``coro`` on the server loop and wait for its result (``RuntimeError`` once the loop has
+        stopped: a coroutine handed to a stopped loop would never run, and its caller would wait forever)."""
+        if self.loop.is_closed() or not self.loop.is_running():
+            coro.close()
+            raise RuntimeError("the server loop has stopped")
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     def start(

@@ -81,7 +81,7 @@ def test_stop_reports_not_serving_before_the_server_stops(servers):
         except grpc.RpcError:
             pass
 
-    reader = threading.Thread(target=read)
+    reader = threading.Thread(target=read, daemon=True)
     reader.start()
     while not seen:  # the stream's first answer: SERVING
         reader.join(0.02)

@@ -3,6 +3,7 @@ interceptor, health, reflection, InfoService, metrics, draining on stop, port ha
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import urllib.request
@@ -184,10 +185,10 @@ def test_stop_drains_in_flight_request_and_refuses_new_ones(servers, world):
         except grpc.RpcError as e:
             result["error"] = e
 
-    caller = threading.Thread(target=call)
+    caller = threading.Thread(target=call, daemon=True)
     caller.start()
     assert started.wait(10), "the slow call never reached the core"
-    stopping = threading.Thread(target=servers.stop, args=(server, 5.0))
+    stopping = threading.Thread(target=servers.stop, args=(server, 5.0), daemon=True)
     stopping.start()
     # stop has begun once the server refuses a new RPC (its health check is one)
     health = health_pb2_grpc.HealthStub(channel)
@@ -238,3 +239,10 @@ def _counting(fn, seen, key):
         return fn(*args)
 
     return wrapped
+
+
+def test_a_stopped_server_thread_refuses_work_instead_of_waiting_forever():
+    servers = ServerThread()
+    servers.close()
+    with pytest.raises(RuntimeError, match="loop has stopped"):
+        servers.run(asyncio.sleep(0))

@@ -84,7 +84,7 @@ def test_supervisor_restarts_a_frozen_stage(caplog):
     sup = Supervisor([toy("frozen"), toy("fine")], startup_timeout_s=60, grace_s=1, unresponsive_s=1.5)
     sup.start()
     stop = threading.Event()
-    watcher = threading.Thread(target=sup.run, args=(stop, 0.2))
+    watcher = threading.Thread(target=sup.run, args=(stop, 0.2), daemon=True)
     old = sup.pid("frozen")
     assert old is not None
     try:
