@@ -26,9 +26,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from recpipe.accel.device import kind
+
+if TYPE_CHECKING:  # torch is imported where a runner captures: bucket and mode_for are light
+    import torch
 
 _log = logging.getLogger(__name__)
 GRAPH_MODES = ("graph", "padded", "eager")
@@ -44,9 +47,9 @@ def bucket(n: int, smallest: int = 1) -> int:
     return 1 << (n - 1).bit_length()
 
 
-def mode_for(device: torch.device, cuda_graphs: bool) -> str:
+def mode_for(device: torch.device | str, cuda_graphs: bool) -> str:
     """``graph`` on a CUDA device with graphs on, ``padded`` on CUDA with them off, else ``eager``."""
-    if device.type == "cuda":
+    if kind(device) == "cuda":
         return "graph" if cuda_graphs else "padded"
     return "eager"
 
@@ -108,6 +111,8 @@ class GraphRunner:
                 self._graphs[key] = None
                 _log.warning("CUDA graph capture failed for shapes %s, running them eagerly: %s",
                              [s for s, _ in key], str(e).splitlines()[0] if str(e) else type(e).__name__)
+                import torch
+
                 torch.cuda.synchronize(self.device)
                 return self.fn(*(x.to(self.device, non_blocking=True) for x in inputs))
             self._graphs[key] = entry
@@ -118,6 +123,8 @@ class GraphRunner:
         return entry.output
 
     def _capture(self, inputs: tuple[torch.Tensor, ...]) -> _Graph:
+        import torch
+
         static = tuple(torch.empty(x.shape, dtype=x.dtype, device=self.device) for x in inputs)
         for s, x in zip(static, inputs, strict=True):
             s.copy_(x)

@@ -6,13 +6,12 @@ unpickles.
 
 ``rows.safetensors`` holds what ``FeatureCore`` otherwise computes at every start from the dataset
 (the encoded user/item rows, the history counts and the cross tables: ~10 s at full scale on a 2-core
-box): training writes it once, a stage maps it (``map_safetensors``: the arrays are read-only views of
-the file's pages, nothing is copied) and never reads the dataset's Parquet.
+box): training writes it once, a stage maps it (``recpipe.safetensors_map``: the arrays are read-only
+views of the file's pages, nothing is copied) and never reads the dataset's Parquet.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -21,12 +20,10 @@ import numpy as np
 from recpipe.errors import ArtifactMismatch
 from recpipe.preprocess import Preprocessor
 from recpipe.repository import Repository, write_json
+from recpipe.safetensors_map import map_safetensors
 
 CONFIG_FILE = "features/config.json"
 ROWS_FILE = "features/rows.safetensors"
-_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32,
-           "I16": np.int16, "I8": np.int8, "U64": np.uint64, "U32": np.uint32, "U16": np.uint16, "U8": np.uint8,
-           "BOOL": np.bool_}
 PREPROCESS_FILES = {
     "stats": "preprocess/stats.json",
     "users": "preprocess/vocab_users.parquet",
@@ -84,24 +81,3 @@ def load_rows(repo: Repository) -> tuple[dict[str, np.ndarray], dict[str, str]] 
     if ROWS_FILE not in repo.manifest["files"]:
         return None
     return map_safetensors(repo.file(ROWS_FILE))
-
-
-def map_safetensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """(arrays, metadata) of a safetensors file, each array a read-only view of the memory-mapped file.
-
-    safetensors' own numpy loader copies every tensor into memory; the format is a little-endian u64
-    header length, a JSON header (dtype, shape, byte offsets per tensor) and the raw bytes, so a
-    mapping is a few lines."""
-    try:
-        with open(path, "rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            header = json.loads(f.read(n))
-        meta = header.pop("__metadata__", None) or {}
-        mapped = np.memmap(path, dtype=np.uint8, mode="r")
-        arrays = {}
-        for name, entry in header.items():
-            start, end = (8 + n + int(o) for o in entry["data_offsets"])
-            arrays[name] = mapped[start:end].view(_DTYPES[entry["dtype"]]).reshape(entry["shape"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ArtifactMismatch(f"{path}: unreadable safetensors ({e!r})") from None
-    return arrays, {str(k): str(v) for k, v in meta.items()}

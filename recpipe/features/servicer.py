@@ -60,7 +60,7 @@ AUGMENT_ITEMS: Method[FeatureCoreLike, ItemsQuery, ItemFeatures] = Method(
 class FeatureStage(CoreStage[FeatureCoreLike]):
     name = NAME
     service_names = (SERVICE_NAME,)
-    thread_pool = "polars"
+    thread_pools = ("polars",)
     methods = (AUGMENT_USER, AUGMENT_ITEMS)
 
     def add_to_server(self, server: aio.Server) -> None:

@@ -10,6 +10,10 @@ keeps the backends above; ``fp16``/``bf16`` use the torch exact search in that d
 (on the CPU: the twin of the GPU path that the tests run). Its recall@500 against the fp32 exact
 search is measured at load and reported in ``details``. On CUDA the user tower replays a CUDA graph
 per bucketed batch size (``cuda_graphs``), and transfers go through pinned buffers on one stream.
+
+The FAISS index on the CPU runs the user tower folded into numpy, read from the repository without
+torch: that core never imports torch (``load(device="cpu")``, or ``auto`` on a machine without a GPU
+driver), so the stage serves a second or more sooner. Every other path loads the torch tower.
 """
 
 from __future__ import annotations
@@ -17,15 +21,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import faiss
 import numpy as np
-import torch
 
 from recpipe.accel import device as devices
 from recpipe.accel.cuda_graphs import GraphRunner, bucket, mode_for
-from recpipe.accel.transfer import DeviceIO
 from recpipe.config import DEFAULT_NUM_CANDIDATES
 from recpipe.errors import ArtifactMismatch
 from recpipe.finite import degenerate
@@ -33,9 +35,14 @@ from recpipe.repository import Repository
 from recpipe.retrieval import artifacts
 from recpipe.retrieval import index as faiss_index
 from recpipe.retrieval.contract import RetrievalLimits, RetrieveQuery
-from recpipe.retrieval.model import FoldedUserTower
 from recpipe.retrieval.options import DEFAULT_RESCORE, RetrievalOptions
 from recpipe.types import Candidates, UserFeatures
+
+if TYPE_CHECKING:
+    import torch
+
+    from recpipe.accel.transfer import DeviceIO
+    from recpipe.retrieval.model import Tower
 
 _log = logging.getLogger(__name__)
 #: Recall@k (k = 500) of the half-precision search against fp32 exact search it must reach.
@@ -45,12 +52,19 @@ HALF_RECALL_TARGET = 0.99
 class RetrievalCore:
     """``retrieve(user, k)`` -> the k best item ids for the user, scores descending."""
 
-    def __init__(self, repo: Repository, dev: torch.device, *, cuda_graphs: bool = True, precision: str = "auto",
-                 rescore: int = DEFAULT_RESCORE, graphs: str | None = None) -> None:
-        """``graphs`` overrides the mode ``cuda_graphs`` picks (``padded`` runs the CPU twin of graphs)."""
+    #: the torch path's transfers and user-tower runner (not set where the tower runs folded)
+    io: DeviceIO
+    _tower: GraphRunner
+
+    def __init__(self, repo: Repository, dev: torch.device | str, *, cuda_graphs: bool = True,
+                 precision: str = "auto", rescore: int = DEFAULT_RESCORE, graphs: str | None = None) -> None:
+        """``dev``: a ``torch.device`` or its name ("cpu", "cuda:0"). ``graphs`` overrides the mode
+        ``cuda_graphs`` picks (``padded`` runs the CPU twin of graphs)."""
         RetrievalOptions(cuda_graphs, precision, rescore)  # the options' own checks (UsageError)
+        device_type = devices.kind(dev)
         if precision == "auto":
-            precision = "fp16" if dev.type == "cuda" else "fp32"
+            precision = "fp16" if device_type == "cuda" else "fp32"
+        mode = graphs or mode_for(dev, cuda_graphs)
         shapes = repo.section("shapes")
         cfg = artifacts.load_config(repo)
         spec = artifacts.load_spec(repo)
@@ -62,16 +76,25 @@ class RetrievalCore:
                                    f"expect {shapes.get('num_items')} x {cfg.out_dim}")
         self.repo = repo
         self.model_version = repo.version
-        self.torch_device = dev
+        self._dev = dev
+        self._torch_device: torch.device | None = None
         self.device = devices.describe(dev)
         self.spec = spec
         self.num_items = spec.num_items
         self.user_dense_dim = cfg.user_dense_dim
         self.history_len = int(shapes.get("history_len", 0))
         self.user_table_sizes = np.asarray(cfg.user_table_sizes, dtype=np.int64)
-        self.tower = artifacts.load_user_tower(repo, cfg).to(dev).eval()
-        self.io = DeviceIO(dev)
-        self._tower = GraphRunner(self.tower, dev, graphs or mode_for(dev, cuda_graphs))
+        self._cfg = cfg
+        self._torch_tower: Tower | None = None
+        # the FAISS backend on the CPU runs the tower folded into numpy (same function, fewer dispatches),
+        # read without torch; every other path runs the torch module
+        self._folded = artifacts.load_folded_user_tower(repo, cfg) \
+            if device_type == "cpu" and precision == "fp32" and mode == "eager" else None
+        if self._folded is None:
+            from recpipe.accel.transfer import DeviceIO
+
+            self.io = DeviceIO(self.torch_device)
+            self._tower = GraphRunner(self.tower, self.torch_device, mode)
         self.precision = precision
         self.index: Any = None
         self.exact: faiss_index.TorchExactSearch | None = None
@@ -79,22 +102,22 @@ class RetrievalCore:
         self.half_recall: float | None = None
         if precision != "fp32":
             emb = self.item_embeddings()
-            self.exact = faiss_index.TorchExactSearch(emb, dev, precision, rescore)
+            self.exact = faiss_index.TorchExactSearch(emb, self.torch_device, precision, rescore)
             backend = f"torch-exact-{precision}" + (f"+fp32-rescore-x{rescore}" if rescore else "")
-            self.half_recall = faiss_index.half_recall(emb, dev, precision, rescore)
+            self.half_recall = faiss_index.half_recall(emb, self.torch_device, precision, rescore)
             if self.half_recall < HALF_RECALL_TARGET:
                 _log.warning("%s retrieval: recall@500 vs fp32 exact %.4f < %s; raise --rescore or use fp32",
                              precision, self.half_recall, HALF_RECALL_TARGET)
             del emb
-        elif dev.type == "cuda":
+        elif device_type == "cuda":
             gpu_faiss = hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
             if gpu_faiss and spec.kind in ("flat", "ivf"):
                 cpu_index = artifacts.load_index(repo, spec)
                 self._gpu_res = faiss.StandardGpuResources()
-                self.index = faiss.index_cpu_to_gpu(self._gpu_res, dev.index or 0, cpu_index)
+                self.index = faiss.index_cpu_to_gpu(self._gpu_res, self.torch_device.index or 0, cpu_index)
                 backend = "faiss-gpu"
             else:
-                self.exact = faiss_index.TorchExactSearch(self.item_embeddings(), dev)
+                self.exact = faiss_index.TorchExactSearch(self.item_embeddings(), self.torch_device)
                 backend = "torch-exact"
         else:
             self.index = artifacts.load_index(repo, spec)
@@ -113,29 +136,43 @@ class RetrievalCore:
             "backend": backend,
             "device": self.device,
             "precision": precision,
-            "cuda_graphs": self._tower.mode,
+            "cuda_graphs": mode,
         }
         if self.half_recall is not None:
             # measured at load with 256 item vectors as the queries (no user features here)
             self.details[f"{precision}_recall_at_500_vs_fp32"] = f"{self.half_recall:.4f}"
             self.details[f"{precision}_recall_target"] = f"{HALF_RECALL_TARGET}"
+        self.details["user_tower"] = "folded-numpy" if self._folded is not None else "torch"
         self._searches: dict[int, GraphRunner] = {}  # top-k bucket -> tower + exact search, one graph
-        if self._tower.mode == "graph":  # capture the single-query shapes now, not at the first request
+        if mode == "graph":  # capture the single-query shapes now, not at the first request
             zeros = (np.zeros((1, self.user_dense_dim), np.float32), np.zeros((1, len(self.user_table_sizes)), np.int64))
             self.query_embeddings(*zeros)
             if self.exact is not None:
                 self._exact_retrieve(*zeros, min(DEFAULT_NUM_CANDIDATES, self.num_items))
         self._fallback: faiss.Index | None = None
-        # the FAISS backend on the CPU runs the tower folded into numpy (same function, fewer dispatches)
-        self._folded = FoldedUserTower(self.tower) if self.exact is None and self._tower.mode == "eager" \
-            and dev.type == "cpu" else None
-        self.details["user_tower"] = "folded-numpy" if self._folded is not None else "torch"
 
     @classmethod
     def load(cls, models_dir: Path, device: str = "auto", *, cuda_graphs: bool = True, precision: str = "auto",
              rescore: int = DEFAULT_RESCORE, graphs: str | None = None) -> RetrievalCore:
-        return cls(Repository.open(Path(models_dir)), devices.resolve(device), cuda_graphs=cuda_graphs,
+        return cls(Repository.open(Path(models_dir)), devices.resolve_name(device), cuda_graphs=cuda_graphs,
                    precision=precision, rescore=rescore, graphs=graphs)
+
+    @property
+    def torch_device(self) -> torch.device:
+        """The core's device as a ``torch.device`` (imports torch)."""
+        if self._torch_device is None:
+            import torch
+
+            self._torch_device = torch.device(str(self._dev))
+        return self._torch_device
+
+    @property
+    def tower(self) -> Tower:
+        """The user tower as a torch module on the core's device; where the core runs it folded, loaded
+        (with torch) at the first use, by a bench or a test."""
+        if self._torch_tower is None:
+            self._torch_tower = artifacts.load_user_tower(self.repo, self._cfg).to(self.torch_device).eval()
+        return self._torch_tower
 
     def item_embeddings(self) -> np.ndarray:
         """(num_items, D) float32 item embeddings from the repository (verified), read on demand."""
@@ -149,7 +186,10 @@ class RetrievalCore:
 
     def query_embeddings(self, dense: np.ndarray, sparse: np.ndarray) -> torch.Tensor:
         """(B, Du) + (B, 44) -> (B, D) query vectors on the core's device (the batch padded to its bucket
-        when the tower runs as a graph, or as the graph's CPU twin)."""
+        when the tower runs as a graph, or as the graph's CPU twin). A torch tensor: torch is imported on
+        the folded path too (the served path, ``retrieve_batch``, calls the folded tower itself)."""
+        import torch
+
         if self._folded is not None:
             return torch.from_numpy(self._folded(dense, sparse))
         b = dense.shape[0]
@@ -213,6 +253,8 @@ class RetrievalCore:
         Padded (graph mode and its CPU twin): B up to its bucket, and k up to ``bucket(k, 16)``: the
         search keeps that many (sorted) and the first k are sliced off, so each k-bucket is one graph
         and a query's answer depends on its own k only, never on the batch it came in."""
+        import torch
+
         assert self.exact is not None
         exact = self.exact
         b = dense.shape[0]

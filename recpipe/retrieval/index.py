@@ -15,7 +15,8 @@ keeps those reaching the target and picks the fastest single-query search at tha
 records recall at k = 100 and 500, build seconds and the index's bytes.
 
 ``TorchExactSearch`` (matmul + topk) is the exact reference and the backend on CUDA devices when the
-installed faiss has no GPU support.
+installed faiss has no GPU support. Only it and the exact references import torch, when called: the
+FAISS path of a CPU stage never loads it.
 """
 
 from __future__ import annotations
@@ -24,13 +25,15 @@ import math
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import faiss
 import numpy as np
-import torch
 
 from recpipe.errors import ArtifactMismatch
+
+if TYPE_CHECKING:
+    import torch
 
 INDEX_KINDS = ("flat", "ivf", "ivfsq8", "ivfpqfs", "hnsw")
 #: kinds searched through an inverted file: ``nprobe`` applies
@@ -150,6 +153,8 @@ def set_search_params(index: faiss.Index, spec: IndexSpec, nprobe: int = 0, ef_s
 
 def exact_topk(queries: np.ndarray, embeddings: np.ndarray | torch.Tensor, k: int, batch: int = 1024) -> np.ndarray:
     """(Q, k) exact top-k ids by inner product (torch matmul + topk), the reference for recall."""
+    import torch
+
     items = torch.as_tensor(embeddings)
     out = []
     for start in range(0, queries.shape[0], batch):
@@ -323,7 +328,7 @@ def _io_flags(kind: str) -> int:
 
 #: ``--retrieval-precision``: the dtype the item embeddings are scanned in by ``TorchExactSearch``.
 PRECISIONS = ("fp32", "fp16", "bf16")
-_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # torch's names
 
 
 class TorchExactSearch:
@@ -342,11 +347,13 @@ class TorchExactSearch:
             raise ValueError(f"unknown precision {precision!r}: choose {', '.join(PRECISIONS)}")
         if rescore < 0:
             raise ValueError(f"rescore must be >= 0, got {rescore}")
+        import torch
+
         full = torch.as_tensor(np.ascontiguousarray(embeddings, dtype=np.float32), device=device)
         self.device = device
         self.precision = precision
         self.rescore = rescore if precision != "fp32" else 0
-        self.items = full if precision == "fp32" else full.to(_DTYPES[precision])
+        self.items = full if precision == "fp32" else full.to(getattr(torch, _DTYPES[precision]))
         self.full = full if self.rescore else None
 
     @property
@@ -358,11 +365,11 @@ class TorchExactSearch:
         q = queries.to(self.device, non_blocking=True).float()
         scan = q.to(self.items.dtype) @ self.items.T  # (B, N)
         if self.full is None:
-            scores, ids = torch.topk(scan, k, dim=1)
+            scores, ids = scan.topk(k, dim=1)
             return scores.float(), ids
-        cand = torch.topk(scan, min(self.num_items, self.rescore * k), dim=1).indices  # (B, r*k)
-        exact = torch.bmm(self.full[cand], q[:, :, None]).squeeze(-1)  # (B, r*k) fp32
-        scores, pos = torch.topk(exact, k, dim=1)
+        cand = scan.topk(min(self.num_items, self.rescore * k), dim=1).indices  # (B, r*k)
+        exact = self.full[cand].bmm(q[:, :, None]).squeeze(-1)  # (B, r*k) fp32
+        scores, pos = exact.topk(k, dim=1)
         return scores, cand.gather(1, pos)
 
     def search(self, queries: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -374,6 +381,8 @@ def half_recall(embeddings: np.ndarray, device: torch.device, precision: str, re
                 queries: np.ndarray | None = None, num_queries: int = 256, seed: int = 0) -> float:
     """Recall@k of ``TorchExactSearch(precision, rescore)`` against the fp32 exact search, on ``queries``
     (default: ``num_queries`` item vectors drawn at random, a stand-in for users: same space, same norm)."""
+    import torch
+
     n = embeddings.shape[0]
     k = min(k, n)
     if queries is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from recpipe.accel.device import certainly_cpu
 from recpipe.accel.options import CudaGraphOptions
 from recpipe.errors import UsageError
 from recpipe.serving.options import option
@@ -33,3 +34,9 @@ class RetrievalOptions(CudaGraphOptions):
             raise UsageError(f"--retrieval-precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if not 0 <= self.rescore <= MAX_RESCORE:
             raise UsageError(f"--rescore must be in 0..{MAX_RESCORE}, got {self.rescore}")
+
+    def needs_torch(self, device: str) -> bool:
+        """Whether a core with these options on ``--device device`` may import torch, decided without
+        importing it: not with the FAISS index on a device that is certainly the CPU, where the user
+        tower runs folded into numpy (``RetrievalCore``)."""
+        return not (certainly_cpu(device) and self.precision in ("auto", "fp32"))

@@ -59,6 +59,7 @@ RETRIEVE: Method[RetrievalCoreLike, RetrieveQuery, Candidates] = Method(
 class RetrievalStage(CoreStage[RetrievalCoreLike]):
     name = NAME
     service_names = (SERVICE_NAME,)
+    thread_pools = ("torch", "faiss")  # torch where the core runs it, else FAISS's OpenMP (the CPU path)
     methods = (RETRIEVE,)
 
     def add_to_server(self, server: aio.Server) -> None:

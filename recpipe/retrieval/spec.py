@@ -11,6 +11,13 @@ from recpipe.serving.spec import COMPUTE_NICE, StageSpec
 from recpipe.serving.stage import Stage
 
 
+def loads(cfg: StageConfig) -> tuple[str, ...]:
+    """FAISS always; torch unless the core runs on the CPU with the FAISS index (its tower folded)."""
+    opts = cfg.options
+    assert isinstance(opts, RetrievalOptions)
+    return ("torch", "faiss") if opts.needs_torch(cfg.device) else ("faiss",)
+
+
 def build(cfg: StageConfig) -> Stage:
     from recpipe.retrieval.core import RetrievalCore
     from recpipe.retrieval.servicer import RetrievalStage
@@ -20,5 +27,6 @@ def build(cfg: StageConfig) -> Stage:
     return RetrievalStage.over(lambda: RetrievalCore.load(cfg.models_dir, device=cfg.device, **asdict(opts)), cfg)
 
 
-SPEC = StageSpec(NAME, port_offset=2, build=build, cost=1.7, nice=COMPUTE_NICE, options=RetrievalOptions, threads=("torch", "faiss"),
+SPEC = StageSpec(NAME, port_offset=2, build=build, cost=1.7, nice=COMPUTE_NICE, options=RetrievalOptions,
+                 threads=("torch", "faiss"), loads=loads,
                  description="user tower -> query embedding -> FAISS / exact top-k")

@@ -1,10 +1,10 @@
 """What a stage declares about itself (``StageSpec``) and the registry the serving machinery reads.
 
 Every stage package exports one spec (``recpipe/<stage>/spec.py``): its name, its port after the
-gateway's, its options dataclass, its batching defaults, the compute libraries whose threads it sizes,
-the stages it calls, and how it is built. ``recpipe.stages`` lists the specs in one ``Registry``; the
-supervisor's launch, ``recpipe serve``, the in-process chain, the benches and the tables take names
-and options from it. This module is generic: it never spells a stage's name.
+gateway's, its options dataclass, its batching defaults, the compute libraries whose threads it sizes
+(and which of them a given configuration loads), the stages it calls, and how it is built.
+``recpipe.stages`` lists the specs in one ``Registry``; the supervisor's launch, ``recpipe serve``, the
+in-process chain, the benches and the tables take names and options from it. This module is generic: it never spells a stage's name.
 """
 
 from __future__ import annotations
@@ -34,9 +34,10 @@ class StageSpec:
 
     ``port_offset``: its default gRPC port is the gateway's base port plus this (the entry stage has
     0). ``threads``: the compute libraries ``--threads`` sizes for it ("torch", "faiss", "polars"),
-    before ``build`` imports them; ``cost``: its CPU time per query relative to the other stages
-    (measured, BENCHMARKS.md), by which ``--threads auto`` shares the cores out; ``nice``: the CPU
-    scheduling niceness its own process takes (``recpipe serve --stage NAME``) (a compute stage yields the CPU to the entry stage, whose
+    before ``build`` imports them; ``loads(cfg)``: those of them a stage built from ``cfg`` imports
+    (default: all), so that sizing a library never imports one the stage would not use; ``cost``: its
+    CPU time per query relative to the other stages (measured, BENCHMARKS.md), by which ``--threads
+    auto`` shares the cores out; ``nice``: the CPU scheduling niceness its own process takes (``recpipe serve --stage NAME``) (a compute stage yields the CPU to the entry stage, whose
     refusals must stay immediate when the machine is saturated). ``upstream``: the stages it calls, each reached through a target
     (``--NAME`` flag, ``$RECPIPE_NAME_TARGET``). ``build(cfg)`` makes the ``Stage`` from a
     ``StageConfig`` whose ``options`` is an instance of ``options``; it imports the stage's heavy
@@ -49,10 +50,18 @@ class StageSpec:
     options: type[StageOptions] = StageOptions
     batching: BatchConfig = field(default_factory=BatchConfig)
     threads: tuple[str, ...] = ()
+    loads: Callable[[StageConfig], tuple[str, ...]] | None = None
     cost: float = 0.0
     nice: int = 0
     upstream: tuple[str, ...] = ()
     description: str = ""
+
+    def libraries(self, cfg: StageConfig) -> tuple[str, ...]:
+        """The compute libraries among ``threads`` that the stage built from ``cfg`` loads."""
+        if self.loads is None:
+            return self.threads
+        loaded = self.loads(cfg)
+        return tuple(lib for lib in self.threads if lib in loaded)
 
 
 class Registry:
@@ -127,9 +136,10 @@ class Registry:
             raise UsageError(f"{spec.name} needs targets for {', '.join(missing)}")
         if cfg.nvtx:
             nvtx.enable()
-        if spec.threads:
-            thread_settings.configure(cfg.threads, torch="torch" in spec.threads, faiss="faiss" in spec.threads)
-        if "torch" in spec.threads:
+        libraries = spec.libraries(cfg)
+        if libraries:
+            thread_settings.configure(cfg.threads, torch="torch" in libraries, faiss="faiss" in libraries)
+        if "torch" in libraries:
             # Decoded tensors are read-only views over the request bytes; the cores only read them, so
             # torch's warning about wrapping a non-writable array (once, at the first request) is noise.
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)

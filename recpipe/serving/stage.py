@@ -102,13 +102,14 @@ class CoreStage(Stage, Generic[C]):
     batched ``Method``. ``handle(method, request, context)`` is the template: deadline, readiness,
     decode and check, submit to the batcher (or call the core), encode, timing. A servicer declares its
     ``methods``, ``describe(core)`` for InfoService, and one line per RPC calling ``handle``.
-    ``thread_pool`` names the library whose thread count the stage reports ("torch" or "polars").
+    ``thread_pools`` names the libraries whose thread count the stage reports, the first one loaded in
+    the process ("torch", "faiss" or "polars").
     ``workers`` 0 runs unbatched core calls inline on the event loop (the cheapest hop); N > 0 runs
     them on a pool of N threads and the batched calls on each batcher's thread, so the loop keeps
     accepting and refusing requests while a core computes.
     """
 
-    thread_pool: str = "torch"
+    thread_pools: tuple[str, ...] = ("torch",)
     methods: tuple[Method[C, Any, Any], ...] = ()
 
     def __init__(
@@ -134,7 +135,7 @@ class CoreStage(Stage, Generic[C]):
                 self._batchers[m.name] = Batcher(f"{self.name}.{m.name}", m.batch(core), self._batch_config,
                                                  device=device, threaded=self._run.threaded)
         self._core = core
-        self._threads = thread_settings.in_use(self.thread_pool) or self._threads
+        self._threads = next((n for n in map(thread_settings.in_use, self.thread_pools) if n), self._threads)
 
     def describe(self, core: C) -> dict[str, str]:
         """What InfoService reports of the loaded core besides device, version and threads."""

@@ -1,7 +1,8 @@
 """Compute-thread settings for torch, FAISS (OpenMP) and Polars, from ``--threads``.
 
 Polars sizes its pool once, when it is first imported, from ``POLARS_MAX_THREADS``; OpenMP reads
-``OMP_NUM_THREADS`` at start-up. So ``configure`` must run before a stage imports its core.
+``OMP_NUM_THREADS`` at start-up. So ``configure`` must run before a stage imports its core. It imports
+torch and FAISS to size them: a stage asks only for the libraries it will load (``StageSpec.libraries``).
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ def configure(threads: int, *, torch: bool = False, faiss: bool = False) -> None
 
 
 def in_use(library: str) -> int:
-    """Compute threads ``library`` ("torch" or "polars") uses in this process (0 if it is not loaded)."""
+    """Compute threads ``library`` ("torch", "faiss" or "polars") uses in this process (0 if it is not loaded)."""
     module = sys.modules.get(library)
     if module is None:
         return 0
+    if library == "faiss":
+        return int(module.omp_get_max_threads())
     return int(module.get_num_threads() if library == "torch" else module.thread_pool_size())

@@ -21,7 +21,8 @@ from torch import nn
 from recpipe.features.core import FeatureCore
 from recpipe.features.history import RowCounts
 from recpipe.ranking.model import DLRM, DLRMConfig
-from recpipe.retrieval.model import TwoTower, TwoTowerConfig
+from recpipe.retrieval.config import TwoTowerConfig
+from recpipe.retrieval.model import TwoTower
 from recpipe.training.config import TrainConfig
 from recpipe.training.metrics import auc
 from recpipe.training.progress import Progress, batches

@@ -12,6 +12,7 @@ from recpipe.errors import ArtifactMismatch
 from recpipe.features import artifacts
 from recpipe.features.core import FeatureCore, read_tables
 from recpipe.repository import Repository
+from recpipe.safetensors_map import map_safetensors
 from recpipe.timesplit import split_by_time
 
 
@@ -46,7 +47,7 @@ def test_map_safetensors_round_trips_and_names_a_corrupt_file(tmp_path: Path) ->
               "empty": np.zeros((0, 3), np.int64)}
     (tmp_path / "features").mkdir()
     artifacts.save_rows(tmp_path, arrays, {"k": "v"})
-    got, meta = artifacts.map_safetensors(tmp_path / artifacts.ROWS_FILE)
+    got, meta = map_safetensors(tmp_path / artifacts.ROWS_FILE)
     assert meta == {"k": "v"} and sorted(got) == sorted(arrays)
     for name, want in arrays.items():
         assert got[name].dtype == want.dtype
@@ -54,4 +55,4 @@ def test_map_safetensors_round_trips_and_names_a_corrupt_file(tmp_path: Path) ->
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes((1000).to_bytes(8, "little") + b"{not json")
     with pytest.raises(ArtifactMismatch, match=r"bad\.safetensors: unreadable"):
-        artifacts.map_safetensors(bad)
+        map_safetensors(bad)

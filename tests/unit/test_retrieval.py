@@ -12,9 +12,10 @@ import torch
 from recpipe.errors import ArtifactMismatch, BadRequest
 from recpipe.features.core import FeatureCore
 from recpipe.retrieval import index as faiss_index
+from recpipe.retrieval.config import TwoTowerConfig
 from recpipe.retrieval.contract import MAX_EF_SEARCH, MAX_NPROBE
 from recpipe.retrieval.core import RetrievalCore
-from recpipe.retrieval.model import TwoTower, TwoTowerConfig
+from recpipe.retrieval.model import TwoTower
 from recpipe.types import UserFeatures
 
 
@@ -105,7 +106,7 @@ def test_index_file_round_trips_through_faiss_format(kind: str, data, tmp_path: 
 
 
 def test_folded_user_tower_is_the_torch_tower() -> None:
-    from recpipe.retrieval.model import FoldedUserTower, Tower
+    from recpipe.retrieval.model import Tower
 
     torch.manual_seed(0)
     tower = Tower(5, (3, 7, 2), 4, (16, 8), 6).eval()
@@ -114,13 +115,13 @@ def test_folded_user_tower_is_the_torch_tower() -> None:
     sparse = np.stack([rng.integers(0, n, 9) for n in (3, 7, 2)], axis=1).astype(np.int64)
     with torch.inference_mode():
         want = tower(torch.from_numpy(dense), torch.from_numpy(sparse)).numpy()
-    got = FoldedUserTower(tower)(dense, sparse)
+    got = tower.folded()(dense, sparse)
     assert got.dtype == np.float32 and got.shape == (9, 6)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     # an input that overflows float32 comes out NaN or zero (reported as degenerate), as in torch
     from recpipe.finite import degenerate
 
-    huge = FoldedUserTower(tower)(np.full((1, 5), 3e38, np.float32), sparse[:1])
+    huge = tower.folded()(np.full((1, 5), 3e38, np.float32), sparse[:1])
     assert degenerate(np.linalg.norm(huge, axis=1)).all()
 
 
