@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from recpipe.cli import main
 
 
@@ -31,3 +34,13 @@ def test_help_shows_no_restructuredtext_double_backticks(capsys) -> None:
     with pytest.raises(SystemExit):
         main(["querygen", "--help"])
     assert "``" not in capsys.readouterr().out
+
+
+def test_building_the_parser_imports_no_compute_library():
+    """Every recpipe process, each stage's included, builds the whole parser (the bench modules add their
+    flags). Polars sizes its thread pool when it is imported, so an import here would fix it before a
+    stage applies --threads (it did: the features stage ran 2 Polars threads under --threads 1)."""
+    code = ("import sys; from recpipe.cli import build_parser; build_parser(); "
+            "print(sorted(m for m in ('polars', 'torch', 'faiss') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

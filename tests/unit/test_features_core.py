@@ -10,7 +10,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from recpipe.bench.features import NaiveFeatures, check_same
+from recpipe.bench._naive_features import NaiveFeatures
+from recpipe.bench.features import check_same
 from recpipe.errors import ArtifactMismatch, BadRequest, UnknownUser
 from recpipe.features import history as hist
 from recpipe.features.core import FeatureCore, read_tables
