@@ -80,4 +80,4 @@ def load_rows(repo: Repository) -> tuple[dict[str, np.ndarray], dict[str, str]] 
     before they were written (the core then computes them from the dataset)."""
     if ROWS_FILE not in repo.manifest["files"]:
         return None
-    return map_safetensors(repo.file(ROWS_FILE))
+    return map_safetensors(repo.file(ROWS_FILE), prefault=True)
