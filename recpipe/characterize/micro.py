@@ -43,8 +43,11 @@ def plan(settings: Settings) -> list[Bench]:
     out = [Bench(f"ranking batch {b}", "recpipe.bench.ranking",
                  (*common, "--batch", str(b), "--calls", str(s.bench_calls), *timing,
                   "--device", settings.device, "--threads", threads)) for b in s.ranking_batches]
+    # --kinds none: every index kind's build, recall and latency at both k are in the bench's print of
+    # the train-time record (index.json); building them all again live, once per k, took over ten
+    # minutes at full scale (HNSW alone ~2 min): `recpipe bench retrieval --kinds all` does that.
     out += [Bench(f"retrieval k {k}", "recpipe.bench.retrieval",
-                  (*common, "--k", str(k), "--queries", str(s.bench_calls), *timing,
+                  (*common, "--k", str(k), "--queries", str(s.bench_calls), *timing, "--kinds", "none",
                    "--device", settings.device, "--threads", threads)) for k in s.retrieval_ks]
     out.append(Bench(f"features items {settings.num_candidates}", "recpipe.bench.features",
                      (*common, "--items", str(settings.num_candidates), "--queries", str(s.bench_calls), *timing)))
