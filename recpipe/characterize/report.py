@@ -57,7 +57,7 @@ def curve_figure(runs: list[tuple[str, dict[str, Any]]]) -> Any:
         ax.plot(x, [p["p99_us"] / 1000 for p in points], "s--", color=color, label=f"{prefix}p99")
         for p in points:
             ax.annotate(f"{p['concurrency']}", (p["throughput"], p["p99_us"] / 1000), textcoords="offset points",
-                        xytext=(4, 4), fontsize=8, color=color)
+                        xytext=(-6, 6), ha="right", fontsize=8, color=color)  # up-left: clear of the line
     if not drawn:
         ax.text(0.5, 0.5, "no sweep points", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("throughput (queries/s)")
