@@ -16,8 +16,9 @@ import sys
 import threading
 from collections.abc import Iterator, Sequence
 
-from recpipe import __version__
+from recpipe import __version__, termination
 from recpipe.errors import RecpipeError, UsageError
+from recpipe.termination import Terminated
 
 #: subcommand -> module under recpipe.commands
 COMMANDS: dict[str, str] = {
@@ -45,11 +46,6 @@ class _Parser(argparse.ArgumentParser):
         return super().format_help().replace("``", "")
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM arrived. Raised in the main thread so that it unwinds like Ctrl-C: the commands' cleanup
-    (synth-data's and train's temporary directories) runs on the way out. Exit code 143 (128 + 15)."""
-
-
 @contextlib.contextmanager
 def _sigterm_unwinds() -> Iterator[None]:
     """While a command runs, SIGTERM raises ``Terminated`` instead of killing the process outright.
@@ -59,8 +55,10 @@ def _sigterm_unwinds() -> Iterator[None]:
         return
 
     def terminate(signum: int, frame: object) -> None:
+        termination.request()  # checked again before any commit, in case this raise gets swallowed
         raise Terminated()
 
+    termination.reset()
     previous = signal.signal(signal.SIGTERM, terminate)
     try:
         yield

@@ -14,6 +14,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from recpipe import termination
 from recpipe.errors import UsageError
 from recpipe.filemodes import file_mode
 
@@ -73,7 +74,9 @@ def swap_dir(tmp: Path, out: Path) -> None:
 
     An existing ``out`` is first moved aside into a hidden sibling and deleted only once ``tmp`` is in
     place; if that rename fails, it is put back. The caller decides whether ``out`` may be replaced.
+    Refuses (``Terminated``, nothing moved) once the process was asked to terminate.
     """
+    termination.check()
     out = Path(out)
     parent = out.absolute().parent
     if not out.exists():

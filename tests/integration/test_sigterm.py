@@ -28,6 +28,6 @@ def test_sigterm_during_synth_data_removes_its_temporary_directory(tmp_path: Pat
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no .data.tmp-*, no half dataset
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], (proc.returncode, err)  # no .data.tmp-*, no dataset
     assert proc.returncode == 143, err
     assert err.strip() == "recpipe: terminated"

@@ -107,3 +107,21 @@ def test_swap_dir_puts_the_old_directory_back_when_the_move_fails(tmp_path: Path
         swap_dir(tmp_path / "missing", out)
     assert (out / "a").read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]
+
+
+def test_swap_dir_moves_nothing_once_termination_was_requested(tmp_path: Path) -> None:
+    """A SIGTERM whose raise got swallowed (in a finalizer) must still stop the commit."""
+    from recpipe import termination
+    from recpipe.files import swap_dir
+
+    tmp = tmp_path / ".out.tmp-1"
+    tmp.mkdir()
+    termination.request()
+    try:
+        with pytest.raises(termination.Terminated):
+            swap_dir(tmp, tmp_path / "out")
+    finally:
+        termination.reset()
+    assert tmp.is_dir() and not (tmp_path / "out").exists()
+    swap_dir(tmp, tmp_path / "out")  # once reset, the commit goes through
+    assert (tmp_path / "out").is_dir()

@@ -1,5 +1,6 @@
 """The retrieval stage on the CPU never imports torch (``import torch`` alone is 1-4 s of its cold start):
-the user tower is read folded into numpy, bit for bit the fold of the torch tower, and the stage sizes
+the user tower is read folded into numpy, bit for bit the fold of the torch tower (its answers equal
+the torch tower's to float rounding), and the stage sizes
 only the thread pools it loads. Paths that need torch (CUDA, fp16/bf16 exact search, graphs) still load it."""
 
 from __future__ import annotations
@@ -49,6 +50,17 @@ CHILD = textwrap.dedent("""
 """)
 
 
+def _assert_same_ranking(ids: np.ndarray, want_ids: np.ndarray, want_scores: np.ndarray, tie: float = 1e-6) -> None:
+    """The same item at every rank, except where two scores of a row are within rounding of each other
+    (such a pair may come out in either order)."""
+    gaps = np.diff(want_scores, axis=1)
+    tied = np.zeros(want_scores.shape, bool)
+    tied[:, 1:] |= np.abs(gaps) <= tie
+    tied[:, :-1] |= np.abs(gaps) <= tie
+    np.testing.assert_array_equal(ids[~tied], want_ids[~tied])
+    np.testing.assert_array_equal(np.sort(ids, axis=1), np.sort(want_ids, axis=1))
+
+
 @pytest.fixture(scope="module")
 def queries(features: FeatureCore) -> tuple[np.ndarray, np.ndarray]:
     users = [features.augment_user(u) for u in range(min(40, features.num_users))]
@@ -67,20 +79,24 @@ def test_a_cpu_retrieval_stage_never_imports_torch_and_answers_as_the_torch_towe
     assert child["threads"] == 1 and child["device"] == "cpu"  # FAISS's OpenMP threads, sized by --threads
     got = np.load(tmp_path / "a.npz")
 
-    # the same answers, bit for bit, as a core loaded here (with torch imported) and the same details
+    # the same answers as a core loaded here (with torch imported) and the same details. To float
+    # rounding, not bit for bit: the child computes on 1 BLAS/OpenMP thread, this process on the
+    # session's, and a batch of 40 queries goes through BLAS in both the tower and FAISS, whose sums
+    # then run in another order (seen in CI: 1 ulp on 5% of the scores).
     here = RetrievalCore.load(small_models, device="cpu")
     assert {k: v for k, v in child["details"].items() if k in here.details} == here.details
     assert here.details["user_tower"] == "folded-numpy" and here.details["cuda_graphs"] == "eager"
     want = here.retrieve_batch([RetrieveQuery.checked(d, s, 50, here.limits) for d, s in zip(dense, sparse, strict=True)])
-    np.testing.assert_array_equal(got["ids"], np.stack([w.item_ids for w in want]))
-    np.testing.assert_array_equal(got["scores"], np.stack([w.scores for w in want]))
+    want_ids, want_scores = np.stack([w.item_ids for w in want]), np.stack([w.scores for w in want])
+    np.testing.assert_allclose(got["scores"], want_scores, rtol=0, atol=1e-6)
+    _assert_same_ranking(got["ids"], want_ids, want_scores)
 
     # and as the torch tower's query vectors searched in the same index
     with torch.inference_mode():
         vectors = here.tower(torch.from_numpy(dense), torch.from_numpy(sparse)).numpy()
     scores, ids = here._search(vectors, 50, 0, 0)
-    np.testing.assert_array_equal(got["ids"], ids)
     np.testing.assert_allclose(got["scores"], scores, rtol=1e-5, atol=1e-6)
+    _assert_same_ranking(got["ids"], ids, scores, tie=1e-5)
 
 
 def test_the_tower_read_without_torch_is_the_torch_towers_fold_bit_for_bit(
