@@ -26,10 +26,6 @@ def request() -> None:
     _REQUESTED.set()
 
 
-def requested() -> bool:
-    return _REQUESTED.is_set()
-
-
 def check() -> None:
     """``Terminated`` if a termination was requested: called before anything is committed."""
     if _REQUESTED.is_set():

@@ -4,6 +4,7 @@ computing them from the dataset."""
 from __future__ import annotations
 
 import mmap
+import platform
 from pathlib import Path
 
 import numpy as np
@@ -67,7 +68,7 @@ def test_map_safetensors_round_trips_and_names_a_corrupt_file(tmp_path: Path) ->
         map_safetensors(bad)
 
 
-def test_a_prefaulted_mapping_reads_the_same_and_populate_covers_every_chunk(tmp_path: Path) -> None:
+def test_a_prefaulted_mapping_reads_the_same_and_the_kernel_populates_it(tmp_path: Path) -> None:
     from recpipe.safetensors_map import populate
 
     arrays = {"a": np.arange(300_000, dtype=np.int64)}
@@ -78,6 +79,30 @@ def test_a_prefaulted_mapping_reads_the_same_and_populate_covers_every_chunk(tmp
     assert not got["a"].flags.writeable
     with open(tmp_path / artifacts.ROWS_FILE, "rb") as f:
         buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    # a kernel before 5.14 says no (False): the pages are then faulted by their first reader as before
-    assert populate(buf, chunk=1 << 16) in (True, False)
+    # MADV_POPULATE_READ exists from Linux 5.14; before that the kernel says no and populate says False
+    release = tuple(int(x) for x in platform.release().split(".")[:2] if x.isdigit())
+    assert populate(buf, chunk=1 << 16) is (release >= (5, 14))
     buf.close()
+
+
+def test_populate_advises_every_chunk_once_and_stops_where_the_kernel_refuses() -> None:
+    from recpipe.safetensors_map import populate
+
+    class Mapping:
+        def __init__(self, size: int, refuse_at: int | None = None) -> None:
+            self.size, self.refuse_at, self.calls = size, refuse_at, []
+
+        def __len__(self) -> int:
+            return self.size
+
+        def madvise(self, option: int, start: int, length: int) -> None:
+            self.calls.append((start, length))
+            if start == self.refuse_at:
+                raise OSError(22, "Invalid argument")
+
+    whole = Mapping(10_000)
+    assert populate(whole, chunk=4096) is True  # type: ignore[arg-type]
+    assert whole.calls == [(0, 4096), (4096, 4096), (8192, 1808)]
+    refused = Mapping(10_000, refuse_at=4096)
+    assert populate(refused, chunk=4096) is False  # type: ignore[arg-type]
+    assert refused.calls == [(0, 4096), (4096, 4096)]
