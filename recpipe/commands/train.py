@@ -19,7 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=DEFAULT_MODELS_DIR, metavar="MODELS_DIR",
                         help=f"model repository to write (default {DEFAULT_MODELS_DIR}/)")
     parser.add_argument("--device", default="auto", choices=DEVICE_CHOICES)
-    parser.add_argument("--epochs", type=int, default=None, help="epochs for both models (default: 2 for the two-tower, 1 for the DLRM)")
+    parser.add_argument("--epochs", type=int, default=None, help="epochs for both models (default: 2 for the two-tower; for the DLRM at most 4, "
+                        "or 2M rows in all, stopping early on its validation rows)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--index", default="auto", choices=INDEX_CHOICES,
                         help="FAISS index; auto = the fastest at k = 500 reaching recall@500 >= 0.95 against exact search")
@@ -87,6 +88,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"  ranking_auc {m['ranking_auc']:.4f} (oracle {_round(m['oracle_auc'])}), {m['ranking_interaction']} "
               f"interaction, epoch {m['ranking_epoch']} of {m['ranking_epochs_run']} run: train AUC "
               f"{_round(m['ranking_train_auc'])}, validation AUC {_round(m['ranking_val_auc'])}")
+        dlrm = manifest["training"]["dlrm"]
+        frozen = dlrm.get("frozen_tables") or []
+        print(f"  dlrm tables: {len(frozen)} too sparse to learn, kept at zero"
+              + (f" ({', '.join(frozen)})" if frozen else "")
+              + (f"; {dlrm['exposure_table']} started from exposure" if dlrm.get("exposure_table") else ""))
         print("  ranking_auc by served precision: "
               + ", ".join(f"{k} {v:.4f}" for k, v in m["ranking_auc_by_precision"].items()))
         seconds = manifest["training"]["seconds"]

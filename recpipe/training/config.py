@@ -28,9 +28,23 @@ class TrainConfig:
     retrieval_lr: float = 2e-3
     ranking_batch: int = 4096
     ranking_lr: float = 2e-3
+    #: hidden widths of the DLRM's bottom MLPs (user and item dense -> embedding_dim); none: each is one
+    #: linear map, so the user-item dot is a bilinear form of the two dense rows, which is learned
+    #: faster and better than through ReLU layers (BENCHMARKS.md, issue 23)
+    ranking_bottom_dims: tuple[int, ...] = ()
+    #: the bottom layers learn this much faster than the top MLP: their vectors reach the click only
+    #: through the pairwise dots and the top MLP's small first-layer weights
+    ranking_bottom_lr: float = 5e-2
     #: the DLRM's embedding tables learn this much slower than its MLPs: at full speed they memorise
     #: the training rows within two epochs (train AUC 0.96, held-out falling; see BENCHMARKS.md)
     ranking_embedding_lr: float = 3e-5
+    #: DLRM tables with fewer training rows per embedding row than this stay at zero (they could only
+    #: memorise; ``recpipe.training.tables``); 0 lets every table learn
+    ranking_min_rows_per_id: float = 100.0
+    #: start the leaf-category table from the users it was shown to (``recpipe.training.tables``)
+    ranking_exposure_init: bool = True
+    #: the DLRM's learning rates over its planned epochs: "cosine" (down to 2% of the start) or "constant"
+    ranking_lr_schedule: str = "cosine"
     #: DLRM interaction: "dot" (DLRM v1) or "dcn" (DCNv2 low-rank cross layers, MLPerf DLRM-v2)
     interaction: str = "dot"
     #: the latest share of the training rows (by time) held back to choose the DLRM's epoch
@@ -41,8 +55,10 @@ class TrainConfig:
     ranking_row_budget: int = 2_000_000
     #: batches shrink on small data so that an epoch has at least this many optimiser steps
     min_steps: int = 200
-    #: negatives kept per positive for DLRM training (the rest are dropped, the kept ones up-weighted)
-    negatives_per_positive: float = 3.0
+    #: negatives kept per positive for DLRM training at most (the rest are dropped, the kept ones
+    #: up-weighted): 20 keeps them all at synth-data's click rates (about 10 per positive) until the
+    #: row cap below binds, as it does at full scale. 3 lost 0.002 held-out AUC at scale 0.1
+    negatives_per_positive: float = 20.0
     #: cap on DLRM training rows per epoch (uniform subsample beyond it), for the time budget
     max_ranking_rows: int = 1_000_000
     #: cap on two-tower training pairs (clicks) per epoch
@@ -82,6 +98,10 @@ class TrainConfig:
             raise ValueError("history_len must be >= 0 and max_vocab >= 2")
         if self.interaction not in ("dot", "dcn"):
             raise ValueError("interaction must be dot or dcn")
+        if self.ranking_lr_schedule not in ("cosine", "constant"):
+            raise ValueError("ranking_lr_schedule must be cosine or constant")
+        if self.ranking_min_rows_per_id < 0:
+            raise ValueError("ranking_min_rows_per_id must be >= 0")
         if not 0 <= self.ranking_val_fraction < 0.5:
             raise ValueError("ranking_val_fraction must be in [0, 0.5)")
         if not 0 < self.index_recall_target <= 1:

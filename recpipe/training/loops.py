@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -20,14 +21,17 @@ from torch import nn
 
 from recpipe.features.core import FeatureCore
 from recpipe.features.history import RowCounts
-from recpipe.ranking.model import DLRM, DLRMConfig
+from recpipe.ranking.model import DLRM, DLRMConfig, SparseArch
 from recpipe.retrieval.config import TwoTowerConfig
 from recpipe.retrieval.model import TwoTower
+from recpipe.training import tables
 from recpipe.training.config import TrainConfig
 from recpipe.training.metrics import auc
 from recpipe.training.progress import Progress, batches
 
 log = logging.getLogger(__name__)
+#: where the cosine learning-rate schedule ends, as a share of the starting rate
+FINAL_LR_FACTOR = 0.02
 
 
 def _step(opts: Sequence[torch.optim.Optimizer], loss: torch.Tensor) -> float:
@@ -158,6 +162,7 @@ def dlrm_config(core: FeatureCore, cfg: TrainConfig) -> DLRMConfig:
         item_dense_dim=core.item_dense_dim,
         table_sizes=tuple(p.table_sizes("users")) + tuple(p.table_sizes("items")),
         embedding_dim=cfg.embedding_dim,
+        bottom_dims=cfg.ranking_bottom_dims,
         interaction=cfg.interaction,
     )
 
@@ -175,15 +180,15 @@ def ranking_batch(
 
 
 def sample_ranking_rows(labels: np.ndarray, cfg: TrainConfig, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """(row indices, per-row loss weights): all positives, a share of negatives up-weighted to compensate."""
+    """(row indices, per-row loss weights): every positive, and negatives up to ``negatives_per_positive``
+    each and to the ``max_ranking_rows`` cap, up-weighted to stand for all of them. Under the cap the
+    negatives give way first; positives are subsampled only when they alone exceed it."""
     pos = np.flatnonzero(labels == 1)
     neg = np.flatnonzero(labels != 1)
-    keep: float = 1.0 if len(neg) == 0 else min(1.0, cfg.negatives_per_positive * max(1, len(pos)) / len(neg))
-    total = len(pos) + keep * len(neg)
-    if total > cfg.max_ranking_rows:
-        shrink = cfg.max_ranking_rows / total
-        pos = rng.choice(pos, int(len(pos) * shrink), replace=False)
-        keep *= shrink
+    if len(pos) > cfg.max_ranking_rows:
+        pos = rng.choice(pos, cfg.max_ranking_rows, replace=False)
+    room = min(cfg.max_ranking_rows - len(pos), cfg.negatives_per_positive * max(1, len(pos)))
+    keep: float = 1.0 if len(neg) == 0 else min(1.0, room / len(neg))
     neg = rng.choice(neg, round(len(neg) * keep), replace=False) if keep < 1.0 else neg
     rows = np.concatenate([pos, neg])
     pos_weight = len(pos) / max(1, int(np.count_nonzero(labels == 1)))
@@ -191,10 +196,28 @@ def sample_ranking_rows(labels: np.ndarray, cfg: TrainConfig, rng: np.random.Gen
     return rows, weights.astype(np.float32)
 
 
-def _split_params(model: DLRM) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
-    """(MLP parameters, embedding-table parameters)."""
-    tables = {id(p) for p in model.sparse_arch.parameters()}
-    return [p for p in model.parameters() if id(p) not in tables], [p for p in model.parameters() if id(p) in tables]
+def _split_params(model: DLRM) -> tuple[list[nn.Parameter], list[nn.Parameter], list[nn.Parameter]]:
+    """(bottom-MLP parameters, the other MLP parameters, embedding-table parameters)."""
+    bottom = {id(p) for arch in (model.user_dense_arch, model.item_dense_arch) for p in arch.parameters()}
+    tables_ = {id(p) for p in model.sparse_arch.parameters()}
+    params = list(model.parameters())
+    return ([p for p in params if id(p) in bottom], [p for p in params if id(p) not in bottom | tables_],
+            [p for p in params if id(p) in tables_])
+
+
+def lr_schedule(opt: torch.optim.Optimizer, kind: str, steps: int) -> torch.optim.lr_scheduler.LRScheduler:
+    """Per-step learning-rate factor over the ``steps`` planned: ``constant``, or ``cosine`` from 1 to
+    ``FINAL_LR_FACTOR``. Adam at a constant rate stops at a noise floor; decaying it is worth more held-out
+    AUC than any other lever measured (BENCHMARKS.md, issue 23)."""
+    if kind == "constant":
+        return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    total = max(1, steps)
+
+    def cosine(step: int) -> float:
+        t = min(step, total) / total
+        return FINAL_LR_FACTOR + (1.0 - FINAL_LR_FACTOR) * 0.5 * (1.0 + math.cos(math.pi * t))
+
+    return torch.optim.lr_scheduler.LambdaLR(opt, cosine)
 
 
 def train_dlrm(
@@ -207,13 +230,23 @@ def train_dlrm(
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed + 1)
     model = DLRM(dlrm_config(core, cfg)).to(device)
-    dense_params, table_params = _split_params(model)
-    groups: list[dict[str, Any]] = [{"params": dense_params},
-                                    {"params": table_params, "lr": cfg.ranking_embedding_lr}]
-    opts = [torch.optim.Adam(groups, lr=cfg.ranking_lr, fused=True)]
     n_val = int(len(labels) * cfg.ranking_val_fraction)
     fit = len(labels) - n_val
     rows, weights = sample_ranking_rows(labels[:fit], cfg, rng)
+    # the tables' start (recpipe/training/tables.py): exposure vectors for the leaf category, zeros
+    # that stay zero for the tables too sparse to learn
+    names = core.preprocessor.sparse_names("users") + core.preprocessor.sparse_names("items")
+    assert isinstance(model.sparse_arch, SparseArch)  # training builds the fused form
+    fused = model.sparse_arch.tables
+    exposed = tables.exposure_init(fused.weight, core, fused.offsets.tolist(), users[:fit], items[:fit]) \
+        if cfg.ranking_exposure_init else None
+    frozen = tables.sparse_tables(model.config.table_sizes, len(rows), cfg.ranking_min_rows_per_id)
+    hook = tables.freeze(fused.weight, tables.row_mask(model.config.table_sizes, frozen)) if frozen else None
+    bottom_params, other_params, table_params = _split_params(model)
+    groups: list[dict[str, Any]] = [{"params": other_params},
+                                    {"params": bottom_params, "lr": cfg.ranking_bottom_lr},
+                                    {"params": table_params, "lr": cfg.ranking_embedding_lr}]
+    opts = [torch.optim.Adam(groups, lr=cfg.ranking_lr, fused=True)]
     epochs = max(1, min(cfg.ranking_epochs, cfg.ranking_row_budget // max(1, len(rows))))
     val = np.arange(fit, len(labels))
     if len(val) > cfg.max_val_rows:
@@ -225,6 +258,7 @@ def train_dlrm(
         return auc(labels[idx], scores)
 
     batch = step_batch(len(rows), cfg.ranking_batch, cfg.min_steps)
+    schedule = lr_schedule(opts[0], cfg.ranking_lr_schedule, epochs * -(-len(rows) // batch))
     history: list[dict[str, float]] = []
     best: dict[str, torch.Tensor] | None = None
     best_epoch, best_val = 0, -np.inf
@@ -243,6 +277,7 @@ def train_dlrm(
                     logits = model(_t(dense, device), _t(sparse, device))
                 loss = (F.binary_cross_entropy_with_logits(logits.float(), y, reduction="none") * w).sum() / w.sum()
                 loss_value = _step(opts, loss)
+                schedule.step()
                 bar.update(len(idx), loss_value)
             t1 = time.perf_counter()
             model.eval()
@@ -256,6 +291,8 @@ def train_dlrm(
                 best = {k: v.detach().clone() for k, v in model.state_dict().items()}
             elif epoch > best_epoch:  # no better than the best: later epochs only memorise more
                 break
+    if hook is not None:
+        hook.remove()
     if best is not None:
         model.load_state_dict(best)
     model.eval()
@@ -266,6 +303,7 @@ def train_dlrm(
         "validation_seconds": round(check_s, 3), "rows": float(n), "rows_per_s": n / max(fit_s, 1e-9),
         "epoch": best_epoch, "epochs_run": len(history), "epochs_max": epochs,
         "train_auc": chosen["train_auc"], "val_auc": chosen["val_auc"], "val_rows": len(val),
+        "frozen_tables": [names[t] for t in frozen], "exposure_table": exposed,
         "history": history,
     }
 

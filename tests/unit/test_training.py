@@ -47,6 +47,15 @@ def test_negative_sampling_keeps_positives_and_reweights() -> None:
     assert (kept == 1).sum() == 100 and (kept == 0).sum() == 300
     # weighted, the kept negatives stand for all 2000
     assert weights[kept == 0].sum() == pytest.approx(2000, rel=1e-6)
+    # under the row cap the negatives give way first: every positive stays
+    capped = TrainConfig(negatives_per_positive=3.0, max_ranking_rows=250)
+    rows, weights = sample_ranking_rows(labels, capped, np.random.default_rng(0))
+    kept = labels[rows]
+    assert (kept == 1).sum() == 100 and (kept == 0).sum() == 150
+    assert weights[kept == 0].sum() == pytest.approx(2000, rel=1e-6)
+    # positives alone over the cap: they are subsampled, and no negative fits
+    rows, weights = sample_ranking_rows(labels, TrainConfig(max_ranking_rows=60), np.random.default_rng(0))
+    assert len(rows) == 60 and (labels[rows] == 1).all()
 
 
 def test_repository_contract(small_models: Path, small_dataset: Path) -> None:
