@@ -28,7 +28,9 @@ def test_precisions_load_serve_and_say_what_runs(small_models: Path, small_datas
     assert (fp32.details["precision"], int8.details["precision"]) == ("fp32", "int8")
     assert fp32.details["interaction"] == "dot" and fp32.details["cpu_isa"]
     ref, low = fp32.rank(user, items), int8.rank(user, items)
-    assert low.shape == ref.shape and np.corrcoef(ref, low)[0, 1] > 0.98
+    # close, not equal: int8 rounds every activation (its AUC cost is what auto weighs, below); the
+    # bilinear bottoms of issue 23 widened the dots' range, so the rounding costs more than it did
+    assert low.shape == ref.shape and np.corrcoef(ref, low)[0, 1] > 0.95
     auto = RankingCore.load(small_models, device="cpu", precision="auto")
     measured = Repository.open(small_models).section("metrics")["ranking_auc_by_precision"]
     assert auto.precision.form in measured and auto.precision.reason.startswith("auto: fastest within dAUC")
