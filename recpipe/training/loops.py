@@ -207,8 +207,8 @@ def _split_params(model: DLRM) -> tuple[list[nn.Parameter], list[nn.Parameter], 
 
 def lr_schedule(opt: torch.optim.Optimizer, kind: str, steps: int) -> torch.optim.lr_scheduler.LRScheduler:
     """Per-step learning-rate factor over the ``steps`` planned: ``constant``, or ``cosine`` from 1 to
-    ``FINAL_LR_FACTOR``. Adam at a constant rate stops at a noise floor; decaying it is worth more held-out
-    AUC than any other lever measured (BENCHMARKS.md, issue 23)."""
+    ``FINAL_LR_FACTOR``. Adam at a constant rate stops at a noise floor: in a logistic regression on the
+    same rows the decay was worth 0.02 held-out AUC, in the DLRM +0.0003 (BENCHMARKS.md, issue 23)."""
     if kind == "constant":
         return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
     total = max(1, steps)
@@ -242,6 +242,8 @@ def train_dlrm(
         if cfg.ranking_exposure_init else None
     frozen = tables.sparse_tables(model.config.table_sizes, len(rows), cfg.ranking_min_rows_per_id)
     hook = tables.freeze(fused.weight, tables.row_mask(model.config.table_sizes, frozen)) if frozen else None
+    if exposed is not None and names.index(exposed) in frozen:
+        exposed = None  # too sparse itself: zeroed like the others
     bottom_params, other_params, table_params = _split_params(model)
     groups: list[dict[str, Any]] = [{"params": other_params},
                                     {"params": bottom_params, "lr": cfg.ranking_bottom_lr},

@@ -74,7 +74,7 @@ def test_train_dlrm_reports_and_keeps_its_table_start(small_models: Path, small_
     labels = (rng.random(n) < 0.3).astype(np.int64)
     counts = core.training_counts(pl.DataFrame({"user_id": users, "item_id": items, "label": labels,
                                                 "timestamp": np.arange(n)}))
-    cfg = TrainConfig(epochs=2, min_steps=10, ranking_min_rows_per_id=5.0)
+    cfg = TrainConfig(epochs=2, min_steps=10, ranking_min_rows_per_id=3.0)
     model, stats = loops.train_dlrm(core, users, items, labels, counts, cfg, torch.device("cpu"))
     names = core.preprocessor.sparse_names("users") + core.preprocessor.sparse_names("items")
     sizes = model.config.table_sizes
@@ -90,6 +90,10 @@ def test_train_dlrm_reports_and_keeps_its_table_start(small_models: Path, small_
     leaf = names.index(tables.EXPOSURE_COLUMN)
     if tables.EXPOSURE_COLUMN not in frozen:
         assert weight[offsets[leaf] + 1 : offsets[leaf + 1]].abs().mean() > 0.2
+    # a leaf table too sparse itself is zeroed like the others, and not reported as started from exposure
+    sparse = TrainConfig(epochs=1, min_steps=10, ranking_min_rows_per_id=5.0)
+    _, both = loops.train_dlrm(core, users, items, labels, counts, sparse, torch.device("cpu"))
+    assert tables.EXPOSURE_COLUMN in both["frozen_tables"] and both["exposure_table"] is None
     off = TrainConfig(epochs=1, min_steps=10, ranking_min_rows_per_id=0.0, ranking_exposure_init=False)
     _, plain = loops.train_dlrm(core, users, items, labels, counts, off, torch.device("cpu"))
     assert plain["frozen_tables"] == [] and plain["exposure_table"] is None
