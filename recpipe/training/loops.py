@@ -238,12 +238,12 @@ def train_dlrm(
     names = core.preprocessor.sparse_names("users") + core.preprocessor.sparse_names("items")
     assert isinstance(model.sparse_arch, SparseArch)  # training builds the fused form
     fused = model.sparse_arch.tables
-    exposed = tables.exposure_init(fused.weight, core, fused.offsets.tolist(), users[:fit], items[:fit]) \
-        if cfg.ranking_exposure_init else None
     frozen = tables.sparse_tables(model.config.table_sizes, len(rows), cfg.ranking_min_rows_per_id)
+    frozen_names = {names[t] for t in frozen}
+    # a leaf table too sparse itself is zeroed like the others, so it is not started from exposure
+    exposed = tables.exposure_init(fused.weight, core, names, fused.offsets.tolist(), users[:fit], items[:fit]) \
+        if cfg.ranking_exposure_init and tables.EXPOSURE_COLUMN not in frozen_names else None
     hook = tables.freeze(fused.weight, tables.row_mask(model.config.table_sizes, frozen)) if frozen else None
-    if exposed is not None and names.index(exposed) in frozen:
-        exposed = None  # too sparse itself: zeroed like the others
     bottom_params, other_params, table_params = _split_params(model)
     groups: list[dict[str, Any]] = [{"params": other_params},
                                     {"params": bottom_params, "lr": cfg.ranking_bottom_lr},

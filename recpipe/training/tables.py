@@ -39,7 +39,8 @@ def sparse_tables(table_sizes: Sequence[int], rows_per_epoch: int, min_rows_per_
 
 def row_mask(table_sizes: Sequence[int], frozen: Sequence[int]) -> torch.Tensor:
     """(sum(sizes), 1) float: 0 on the rows of ``frozen`` tables, 1 elsewhere."""
-    parts = [torch.full((size, 1), 0.0 if t in set(frozen) else 1.0) for t, size in enumerate(table_sizes)]
+    zeroed = set(frozen)
+    parts = [torch.full((size, 1), 0.0 if t in zeroed else 1.0) for t, size in enumerate(table_sizes)]
     return torch.cat(parts)
 
 
@@ -82,15 +83,15 @@ def exposure_vectors(user_rows: np.ndarray, users: np.ndarray, shown: np.ndarray
     return out
 
 
-def exposure_init(weight: torch.nn.Parameter, core: FeatureCore, offsets: Sequence[int],
+def exposure_init(weight: torch.nn.Parameter, core: FeatureCore, names: Sequence[str], offsets: Sequence[int],
                   users: np.ndarray, items: np.ndarray) -> str | None:
     """Write the exposure vectors of ``EXPOSURE_COLUMN``'s table into ``weight`` from the impressions
-    (``users``, ``items``); returns the column's name, or None when the table is absent."""
-    names = core.preprocessor.sparse_names("users") + core.preprocessor.sparse_names("items")
+    (``users``, ``items``); ``names`` and ``offsets`` are the fused table's columns (user columns, then
+    item columns) and their first rows. Returns the column's name, or None when the table is absent."""
     if EXPOSURE_COLUMN not in names:
         return None
     t = names.index(EXPOSURE_COLUMN)
-    column = t - len(core.preprocessor.sparse_names("users"))
+    column = t - (len(names) - len(core.preprocessor.sparse_names("items")))
     size = core.preprocessor.table_sizes("items")[column]
     vectors = exposure_vectors(core.user_continuous, users, core.item_sparse[items, column], size,
                                int(weight.shape[1]))
