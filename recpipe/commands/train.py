@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"model repository to write (default {DEFAULT_MODELS_DIR}/)")
     parser.add_argument("--device", default="auto", choices=DEVICE_CHOICES)
     parser.add_argument("--epochs", type=int, default=None, help="epochs for both models (default: 2 for the two-tower; for the DLRM at most 4, "
-                        "or 2M rows in all, stopping early on its validation rows)")
+                        "or 3M rows in all, stopping early on its validation rows)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--index", default="auto", choices=INDEX_CHOICES,
                         help="FAISS index; auto = the fastest at k = 500 reaching recall@500 >= 0.95 against exact search")

@@ -5,7 +5,9 @@ input and their gradients) and frees them again. glibc serves every allocation a
 threshold (32 MB at most) with a fresh ``mmap`` and unmaps it on free, so each step faults those
 pages in again: a quarter of the step's time, much of it system time (BENCHMARKS.md, issue 23).
 Inside ``kept_heap()`` large blocks come from the heap and stay there for the next step, as a caching
-allocator would keep them. Elsewhere (and off glibc) nothing changes.
+allocator would keep them. Elsewhere (and off glibc) nothing changes. Only the DLRM's training loop
+uses it: phases that allocate big arrays once gain nothing, and lose the huge pages numpy asks for
+on mapped blocks.
 """
 
 from __future__ import annotations

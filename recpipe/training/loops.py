@@ -24,7 +24,7 @@ from recpipe.features.history import RowCounts
 from recpipe.ranking.model import DLRM, DLRMConfig, SparseArch
 from recpipe.retrieval.config import TwoTowerConfig
 from recpipe.retrieval.model import TwoTower
-from recpipe.training import tables
+from recpipe.training import heap, tables
 from recpipe.training.config import TrainConfig
 from recpipe.training.metrics import auc
 from recpipe.training.progress import Progress, batches
@@ -266,7 +266,8 @@ def train_dlrm(
     best_epoch, best_val = 0, -np.inf
     loss_value = float("nan")
     fit_s = check_s = 0.0
-    with Progress(len(rows) * epochs, "dlrm", cfg.progress) as bar:
+    # large freed blocks stay in the heap for the next step (recpipe/training/heap.py): CPU only
+    with Progress(len(rows) * epochs, "dlrm", cfg.progress) as bar, heap.kept_heap(device.type == "cpu"):
         for epoch in range(1, epochs + 1):
             t0 = time.perf_counter()
             model.train()

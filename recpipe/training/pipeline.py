@@ -45,7 +45,7 @@ from recpipe.repository import (
 from recpipe.retrieval import artifacts as retrieval_artifacts
 from recpipe.retrieval import index as faiss_index
 from recpipe.timesplit import split_by_time
-from recpipe.training import heap, loops
+from recpipe.training import loops
 from recpipe.training.config import TrainConfig
 from recpipe.training.metrics import auc, recall_at_k
 from recpipe.training.precision_eval import precision_aucs
@@ -97,14 +97,12 @@ def train(
 
     ``fit_preprocessor`` fits the preprocessing on the training rows of users and items: the Polars
     engine (``Preprocessor.fit``) by default, or ``recpipe.preprocess.nvtabular_engine.fit``.
-    Torch's thread count is set for the run (``cfg.threads``) and restored afterwards, and so is the
-    allocator's setting that keeps large freed blocks in the heap (``heap.kept_heap``).
+    Torch's thread count is set for the run (``cfg.threads``) and restored afterwards.
     """
     previous = torch.get_num_threads()
     torch.set_num_threads(training_threads(cfg.threads))
     try:
-        with heap.kept_heap():
-            return _train(data_dir, out, cfg, force, say, fit_preprocessor)
+        return _train(data_dir, out, cfg, force, say, fit_preprocessor)
     finally:
         torch.set_num_threads(previous)
 
