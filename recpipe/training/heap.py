@@ -36,7 +36,7 @@ def _mallopt() -> Callable[[int, int], int] | None:
         return None
     try:
         fn = ctypes.CDLL(name).mallopt
-    except (OSError, AttributeError):  # not glibc (musl has no mallopt), or no libc to load
+    except (OSError, AttributeError):  # no libc to load, or one without mallopt (musl's refuses: 0)
         return None
     fn.argtypes = (ctypes.c_int, ctypes.c_int)
     fn.restype = ctypes.c_int
@@ -46,7 +46,9 @@ def _mallopt() -> Callable[[int, int], int] | None:
 @contextlib.contextmanager
 def kept_heap(enabled: bool = True) -> Iterator[bool]:
     """Within the block, no allocation is served by ``mmap`` and freed memory stays in the heap (up
-    to 1 GiB at its top). Yields whether that took effect (glibc only)."""
+    to 1 GiB at its top). Yields whether that took effect (glibc only). On the way out glibc's defaults
+    come back, except that its mmap threshold stops adapting: large blocks are mapped as in a fresh
+    process."""
     fn = _mallopt() if enabled else None
     applied = fn is not None and bool(fn(M_MMAP_MAX, 0)) and bool(fn(M_TRIM_THRESHOLD, KEPT_TRIM_THRESHOLD))
     if fn is not None and not applied:
