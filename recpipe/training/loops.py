@@ -239,7 +239,7 @@ def train_dlrm(
     assert isinstance(model.sparse_arch, SparseArch)  # training builds the fused form
     fused = model.sparse_arch.tables
     frozen = tables.sparse_tables(model.config.table_sizes, len(rows), cfg.ranking_min_rows_per_id)
-    frozen_names = {names[t] for t in frozen}
+    frozen_names = [names[t] for t in frozen]
     # a leaf table too sparse itself is zeroed like the others, so it is not started from exposure
     exposed = tables.exposure_init(fused.weight, core, names, fused.offsets.tolist(), users[:fit], items[:fit]) \
         if cfg.ranking_exposure_init and tables.EXPOSURE_COLUMN not in frozen_names else None
@@ -306,7 +306,7 @@ def train_dlrm(
         "validation_seconds": round(check_s, 3), "rows": float(n), "rows_per_s": n / max(fit_s, 1e-9),
         "epoch": best_epoch, "epochs_run": len(history), "epochs_max": epochs,
         "train_auc": chosen["train_auc"], "val_auc": chosen["val_auc"], "val_rows": len(val),
-        "frozen_tables": [names[t] for t in frozen], "exposure_table": exposed,
+        "frozen_tables": frozen_names, "exposure_table": exposed,
         "history": history,
     }
 
