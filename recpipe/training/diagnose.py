@@ -5,8 +5,10 @@ The generator's click logit is ``u·v`` (scaled) + quality + preferred-category 
 scale and seed, computes each term for the held-out rows, and reports each term's AUC alone, its
 correlation with the trained DLRM's logit, and a least-squares fit of that logit on the three
 terms: a coefficient well below the others' says the model carries that term only in part.
+``--ceiling`` adds what the features allow (``recpipe.training.ceiling``): the held-out AUC of the
+click logit's terms with the latent vectors read from the rows a model sees, beside the DLRM's.
 
-    python -m recpipe.training.diagnose --data DATA --models MODELS [--rows 100000]
+    python -m recpipe.training.diagnose --data DATA --models MODELS [--rows 100000] [--ceiling]
 
 A measuring tool for model work, not part of training or serving; it reads the datagen internals.
 """
@@ -25,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--models", type=Path, required=True)
     parser.add_argument("--rows", type=int, default=100_000, help="held-out rows sampled at most")
+    parser.add_argument("--ceiling", action="store_true",
+                        help="also fit the feature ceilings on every training row (minutes at full scale)")
     args = parser.parse_args(argv)
     import torch
 
@@ -43,8 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     manifest = verify(args.data)
     world = make_world(DatagenConfig(scale=float(manifest["scale"]), seed=int(manifest["seed"])), DEFAULT_MODEL,
                        DAYS, serially)
-    _, _, interactions = read_tables(args.data)
-    hold = split_by_time(interactions)[1]
+    user_rows, item_rows, interactions = read_tables(args.data)
+    train, hold = split_by_time(interactions)
     if hold.height > args.rows:
         hold = hold.sample(args.rows, seed=0)
     u, i, y = (hold[c].to_numpy() for c in ("user_id", "item_id", "label"))
@@ -75,6 +79,14 @@ def main(argv: list[str] | None = None) -> int:
           + f" (+ const): R^2 {1 - resid.var() / logit.var():.3f} (the truth: 1.00 each)")
     print(f"  corr(DLRM logit, true logit) {np.corrcoef(truth, logit)[0, 1]:.3f}; "
           f"mean predicted p {p.mean():.4f} vs click rate {y.mean():.4f}")
+    if args.ceiling:
+        from recpipe.training.ceiling import ceilings
+
+        print("what the features allow (logistic regression on the logit's terms, fitted on the training "
+              "rows; held-out AUC):")
+        for name, value in ceilings(world, user_rows, item_rows, train, hold).items():
+            print(f"  {name:30s} {value:.4f}")
+        print(f"  {'the DLRM':30s} {auc(y, logit):.4f}")
     return 0
 
 

@@ -173,10 +173,40 @@ def test_device_resolution() -> None:
 def test_diagnose_reproduces_the_oracle_and_splits_the_logit(small_models: Path, small_dataset: Path, capsys) -> None:
     from recpipe.training import diagnose
 
-    assert diagnose.main(["--data", str(small_dataset), "--models", str(small_models), "--rows", "5000"]) == 0
+    assert diagnose.main(["--data", str(small_dataset), "--models", str(small_models), "--rows", "5000",
+                           "--ceiling"]) == 0
     out = capsys.readouterr().out
     oracle = read_json(small_dataset / "manifest.json")["oracle"]["auc"]
     holdout = split_by_time(pl.read_parquet(small_dataset / "interactions.parquet"))[1]
     if holdout.height <= 5000:  # every held-out row: the rebuilt world gives the generator's own oracle AUC
         assert f"oracle AUC {oracle:.4f}" in out
     assert "u.v" in out and "DLRM logit ~" in out
+    assert "what the features allow" in out and "+ category vector only" in out and "the DLRM" in out
+
+
+def test_feature_ceilings_fall_as_the_latents_are_read_from_the_rows(small_dataset: Path) -> None:
+    """Each ceiling hides one more part of the click logit, so none may rise much above the one
+    before it; the truth's logistic fit is the oracle up to three coefficients; and the ceilings sit
+    well above chance (they are fitted on the training rows, scored on the held-out ones)."""
+    from recpipe.datagen.config import DatagenConfig
+    from recpipe.datagen.generate import DAYS, DEFAULT_MODEL, make_world
+    from recpipe.datagen.world import serially
+    from recpipe.training.ceiling import ceilings, read_out
+
+    manifest = read_json(small_dataset / "manifest.json")
+    world = make_world(DatagenConfig(scale=float(manifest["scale"]), seed=int(manifest["seed"])), DEFAULT_MODEL,
+                       DAYS, serially)
+    users = pl.read_parquet(small_dataset / "users.parquet")
+    items = pl.read_parquet(small_dataset / "items.parquet")
+    train, hold = split_by_time(pl.read_parquet(small_dataset / "interactions.parquet"))
+    got = ceilings(world, users, items, train, hold)
+    assert list(got) == ["truth", "ratings for quality", "user read from its row", "+ category vector + item row",
+                         "+ category vector only"]
+    values = list(got.values())
+    assert abs(values[0] - manifest["oracle"]["auc"]) < 0.01
+    for before, after in itertools.pairwise(values):
+        assert after <= before + 0.01
+    assert values[-1] > 0.6
+    # the read-out is least squares with an intercept: exact on a target that is linear in the input
+    x = np.random.default_rng(0).standard_normal((50, 3))
+    np.testing.assert_allclose(read_out(x, x @ np.array([1.0, -2.0, 0.5]) + 3.0), x @ np.array([1.0, -2.0, 0.5]) + 3.0)

@@ -1,0 +1,106 @@
+"""What the features allow: held-out AUC ceilings for any ranking model of this data (issue 23).
+
+The generator's click logit is ``affinity * u·v / sqrt(K) + quality * q + match * [cat == pref] + bias``
+(``recpipe.datagen.click_model``). A model sees neither ``u`` nor ``v``: the user's row holds 32 noisy
+projections of ``u``, the item's row 12 noisy projections of ``v``, and ``v`` is the leaf category's
+vector + a brand vector + noise. Each ceiling below is a logistic regression on that logit's terms
+with the latent vectors replaced by their best linear read-out from what a model can see, fitted on
+the training rows and scored on the held-out rows. The read-outs are fitted on the hidden world
+itself, so each ceiling is an upper bound for models that must learn them from clicks:
+
+- ``truth``: the true terms (the oracle, up to the fit of three coefficients);
+- ``ratings for quality``: ``q`` replaced by the two rating columns that carry it;
+- ``user read from its row``: also ``u`` -> a linear map of the user's signal columns;
+- ``+ category vector + item row``: also ``v`` -> the true leaf-category vector + a linear map of the
+  item's signal columns less that vector's projection (the brand and the item's own noise stay unknown);
+- ``+ category vector only``: ``v`` -> the true leaf-category vector.
+
+Used by ``python -m recpipe.training.diagnose --ceiling``; reads the generator's internals.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import polars as pl
+
+from recpipe.training.metrics import auc
+
+if TYPE_CHECKING:
+    from recpipe.datagen.world import World
+
+USER_SIGNALS = tuple(f"u_cont_{j:02d}" for j in range(8, 40))
+ITEM_SIGNALS = tuple(f"i_cont_{j:02d}" for j in range(8, 20))
+RATINGS = ("i_cont_02", "i_cont_07")
+
+
+def _columns(frame: pl.DataFrame, names: tuple[str, ...]) -> np.ndarray:
+    """(n, len(names)) float64, nulls as the column's mean."""
+    x = frame.select(list(names)).to_numpy().astype(np.float64)
+    means = np.nanmean(np.where(np.isfinite(x), x, np.nan), axis=0)
+    return np.where(np.isfinite(x), x, np.nan_to_num(means)[None, :])
+
+
+def read_out(x: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """Least-squares linear map (with intercept) of ``x`` onto ``target``, applied to ``x``."""
+    x1 = np.concatenate([x, np.ones((x.shape[0], 1))], axis=1)
+    coef = np.linalg.lstsq(x1, target, rcond=None)[0]
+    return np.asarray(x1 @ coef)
+
+
+def logistic_auc(x_fit: np.ndarray, y_fit: np.ndarray, x_eval: np.ndarray, y_eval: np.ndarray) -> float:
+    """Held-out AUC of a logistic regression (standardised inputs, L-BFGS) fitted on (x_fit, y_fit)."""
+    import torch
+
+    mean, std = x_fit.mean(0), x_fit.std(0) + 1e-9
+    xf = torch.tensor((x_fit - mean) / std, dtype=torch.float64)
+    yf = torch.tensor(y_fit, dtype=torch.float64)
+    w = torch.zeros(xf.shape[1], dtype=torch.float64, requires_grad=True)
+    b = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([w, b], max_iter=200, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(xf @ w + b, yf)
+        loss.backward()  # type: ignore[no-untyped-call]
+        return loss
+
+    opt.step(closure)  # type: ignore[no-untyped-call]
+    with torch.no_grad():
+        scores = ((x_eval - mean) / std) @ w.numpy() + float(b)
+    return auc(y_eval, scores)
+
+
+def ceilings(world: World, users: pl.DataFrame, items: pl.DataFrame, train: pl.DataFrame,
+             holdout: pl.DataFrame) -> dict[str, float]:
+    """{ceiling name: held-out AUC}, in the order of the module docstring (each adds to the one above)."""
+    m, p = world.model, world.params
+    w_users, w_items = world.users, world.items
+    scale = m.affinity / np.sqrt(m.latent_dim)
+    step = 1 << 17
+    v = np.concatenate([w_items.v(lo, min(lo + step, w_items.n)) for lo in range(0, w_items.n, step)]).astype(np.float64)
+    u = w_users.u.astype(np.float64)
+    u_seen = read_out(_columns(users, USER_SIGNALS), u)
+    v_cat = p.cat_vec[w_items.cat].astype(np.float64)
+    item_rest = _columns(items, ITEM_SIGNALS) - v_cat @ p.item_proj
+    v_seen = v_cat + read_out(item_rest, v - v_cat)
+    ratings = _columns(items, RATINGS)
+    q = w_items.q.astype(np.float64)[:, None]
+
+    def terms(frame: pl.DataFrame, uu: np.ndarray, vv: np.ndarray, quality: np.ndarray) -> np.ndarray:
+        us, its = frame["user_id"].to_numpy(), frame["item_id"].to_numpy()
+        dot = scale * np.einsum("nd,nd->n", uu[us], vv[its])
+        match = (w_items.cat[its] == w_users.pref[us]).astype(np.float64)
+        return np.column_stack([dot, quality[its], match])
+
+    variants = {
+        "truth": (u, v, q),
+        "ratings for quality": (u, v, ratings),
+        "user read from its row": (u_seen, v, ratings),
+        "+ category vector + item row": (u_seen, v_seen, ratings),
+        "+ category vector only": (u_seen, v_cat, ratings),
+    }
+    y_fit, y_eval = train["label"].to_numpy(), holdout["label"].to_numpy()
+    return {name: logistic_auc(terms(train, uu, vv, qq), y_fit, terms(holdout, uu, vv, qq), y_eval)
+            for name, (uu, vv, qq) in variants.items()}
