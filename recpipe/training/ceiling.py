@@ -15,11 +15,16 @@ itself, so each ceiling is an upper bound for models that must learn them from c
   item's signal columns less that vector's projection (the brand and the item's own noise stay unknown);
 - ``+ category vector only``: ``v`` -> the true leaf-category vector.
 
+With a feature core, one more: ``category vector + item row + DLRM dense inputs`` adds the DLRM's
+dense inputs (the history counts included: strictly earlier ones for the training rows, as in training)
+as linear terms beside the fourth ceiling's, which is how much those inputs add on top of it.
+
 Used by ``python -m recpipe.training.diagnose --ceiling``; reads the generator's internals.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -72,9 +77,14 @@ def logistic_auc(x_fit: np.ndarray, y_fit: np.ndarray, x_eval: np.ndarray, y_eva
     return auc(y_eval, scores)
 
 
+#: (frame, is the training split) -> the DLRM's dense inputs for the frame's rows
+DenseRows = Callable[[pl.DataFrame, bool], np.ndarray]
+
+
 def ceilings(world: World, users: pl.DataFrame, items: pl.DataFrame, train: pl.DataFrame,
-             holdout: pl.DataFrame) -> dict[str, float]:
-    """{ceiling name: held-out AUC}, in the order of the module docstring (each adds to the one above)."""
+             holdout: pl.DataFrame, dense_rows: DenseRows | None = None) -> dict[str, float]:
+    """{ceiling name: held-out AUC}, in the order of the module docstring; the last only with
+    ``dense_rows``."""
     m, p = world.model, world.params
     w_users, w_items = world.users, world.items
     scale = m.affinity / np.sqrt(m.latent_dim)
@@ -102,5 +112,10 @@ def ceilings(world: World, users: pl.DataFrame, items: pl.DataFrame, train: pl.D
         "+ category vector only": (u_seen, v_cat, ratings),
     }
     y_fit, y_eval = train["label"].to_numpy(), holdout["label"].to_numpy()
-    return {name: logistic_auc(terms(train, uu, vv, qq), y_fit, terms(holdout, uu, vv, qq), y_eval)
-            for name, (uu, vv, qq) in variants.items()}
+    out = {name: logistic_auc(terms(train, uu, vv, qq), y_fit, terms(holdout, uu, vv, qq), y_eval)
+           for name, (uu, vv, qq) in variants.items()}
+    if dense_rows is not None:
+        fit = np.concatenate([terms(train, u_seen, v_seen, ratings), dense_rows(train, True)], axis=1)
+        held = np.concatenate([terms(holdout, u_seen, v_seen, ratings), dense_rows(holdout, False)], axis=1)
+        out["category vector + item row + DLRM dense inputs"] = logistic_auc(fit, y_fit, held, y_eval)
+    return out

@@ -182,6 +182,7 @@ def test_diagnose_reproduces_the_oracle_and_splits_the_logit(small_models: Path,
         assert f"oracle AUC {oracle:.4f}" in out
     assert "u.v" in out and "DLRM logit ~" in out
     assert "what the features allow" in out and "+ category vector only" in out and "the DLRM" in out
+    assert "DLRM dense inputs" in out
 
 
 def test_feature_ceilings_fall_as_the_latents_are_read_from_the_rows(small_dataset: Path) -> None:
