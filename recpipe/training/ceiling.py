@@ -1,4 +1,4 @@
-"""What the features allow: held-out AUC ceilings for any ranking model of this data (issue 23).
+"""What the features allow: held-out AUC ceilings for a ranking model of this data (issue 23).
 
 The generator's click logit is ``affinity * u·v / sqrt(K) + quality * q + match * [cat == pref] + bias``
 (``recpipe.datagen.click_model``). A model sees neither ``u`` nor ``v``: the user's row holds 32 noisy
@@ -6,7 +6,9 @@ projections of ``u``, the item's row 12 noisy projections of ``v``, and ``v`` is
 vector + a brand vector + noise. Each ceiling below is a logistic regression on that logit's terms
 with the latent vectors replaced by their best linear read-out from what a model can see, fitted on
 the training rows and scored on the held-out rows. The read-outs are fitted on the hidden world
-itself, so each ceiling is an upper bound for models that must learn them from clicks:
+itself and the category vectors are the true ones, so a model that has to learn them from clicks is
+not expected to reach these figures. They bound linear read-outs of the rows; they prove nothing about
+every possible model:
 
 - ``truth``: the true terms (the oracle, up to the fit of three coefficients);
 - ``ratings for quality``: ``q`` replaced by the two rating columns that carry it;
