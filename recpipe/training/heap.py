@@ -47,8 +47,8 @@ def _mallopt() -> Callable[[int, int], int] | None:
 def kept_heap(enabled: bool = True) -> Iterator[bool]:
     """Within the block, no allocation is served by ``mmap`` and freed memory stays in the heap (up
     to 1 GiB at its top). Yields whether that took effect (glibc only). On the way out glibc's defaults
-    come back, except that its mmap threshold stops adapting: large blocks are mapped as in a fresh
-    process."""
+    come back, except that its mmap threshold stops adapting. Large blocks are mapped again, unless a
+    free chunk the block left in the heap fits them."""
     fn = _mallopt() if enabled else None
     applied = fn is not None and bool(fn(M_MMAP_MAX, 0)) and bool(fn(M_TRIM_THRESHOLD, KEPT_TRIM_THRESHOLD))
     if fn is not None and not applied:
