@@ -26,7 +26,7 @@ from recpipe.datagen.click_model import DEFAULT_MODEL, ClickModel
 from recpipe.datagen.config import DatagenConfig
 from recpipe.datagen.interactions import DayBatch, InteractionSampler
 from recpipe.datagen.manifest import dataset_sha256
-from recpipe.datagen.world import World, blocks, make_world
+from recpipe.datagen.world import World, blocks, make_world, serially
 from recpipe.datagen.writer import MANIFEST_NAME, DatasetDir, TableFile
 
 DAYS = 90
@@ -120,6 +120,12 @@ class _InteractionLog:
             "first_timestamp": self.first_ts,
             "last_timestamp": self.last_ts,
         }
+
+
+def rebuild_world(manifest: dict[str, Any], model: ClickModel = DEFAULT_MODEL) -> World:
+    """The hidden world a dataset was generated from, rebuilt from its manifest's scale and seed (the
+    same bytes as the generator's: every draw is keyed by seed and block, not by thread)."""
+    return make_world(DatagenConfig(scale=float(manifest["scale"]), seed=int(manifest["seed"])), model, DAYS, serially)
 
 
 def write_dataset(cfg: DatagenConfig, out: Path, model: ClickModel = DEFAULT_MODEL,

@@ -90,8 +90,7 @@ def ceilings(world: World, users: pl.DataFrame, items: pl.DataFrame, train: pl.D
     m, p = world.model, world.params
     w_users, w_items = world.users, world.items
     scale = m.affinity / np.sqrt(m.latent_dim)
-    step = 1 << 17
-    v = np.concatenate([w_items.v(lo, min(lo + step, w_items.n)) for lo in range(0, w_items.n, step)]).astype(np.float64)
+    v = w_items.v(0, w_items.n).astype(np.float64)
     u = w_users.u.astype(np.float64)
     u_seen = read_out(_columns(users, USER_SIGNALS), u)
     v_cat = p.cat_vec[w_items.cat].astype(np.float64)

@@ -33,10 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     import polars as pl
     import torch
 
-    from recpipe.datagen.config import DatagenConfig
-    from recpipe.datagen.generate import DAYS, DEFAULT_MODEL, make_world
+    from recpipe.datagen.generate import rebuild_world
     from recpipe.datagen.manifest import verify
-    from recpipe.datagen.world import serially
     from recpipe.features.core import FeatureCore, read_tables
     from recpipe.ranking import artifacts
     from recpipe.repository import Repository
@@ -46,16 +44,14 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     manifest = verify(args.data)
-    world = make_world(DatagenConfig(scale=float(manifest["scale"]), seed=int(manifest["seed"])), DEFAULT_MODEL,
-                       DAYS, serially)
+    world = rebuild_world(manifest)
     user_rows, item_rows, interactions = read_tables(args.data)
     train, hold = split_by_time(interactions)
     if hold.height > args.rows:
         hold = hold.sample(args.rows, seed=0)
     u, i, y = (hold[c].to_numpy() for c in ("user_id", "item_id", "label"))
-    m, users, items = DEFAULT_MODEL, world.users, world.items
-    step = 100_000
-    v = np.concatenate([items.v(lo, min(lo + step, items.n)) for lo in range(0, items.n, step)])
+    m, users, items = world.model, world.users, world.items
+    v = items.v(0, items.n)
     terms = {
         "u.v": np.einsum("nd,nd->n", users.u[u].astype(np.float64), v[i].astype(np.float64))
         * m.affinity / np.sqrt(m.latent_dim),

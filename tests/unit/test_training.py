@@ -189,14 +189,11 @@ def test_feature_ceilings_fall_as_the_latents_are_read_from_the_rows(small_datas
     """Each ceiling hides one more part of the click logit, so none may rise much above the one
     before it; the truth's logistic fit is the oracle up to three coefficients; and the ceilings sit
     well above chance (they are fitted on the training rows, scored on the held-out ones)."""
-    from recpipe.datagen.config import DatagenConfig
-    from recpipe.datagen.generate import DAYS, DEFAULT_MODEL, make_world
-    from recpipe.datagen.world import serially
+    from recpipe.datagen.generate import rebuild_world
     from recpipe.training.ceiling import ceilings, read_out
 
     manifest = read_json(small_dataset / "manifest.json")
-    world = make_world(DatagenConfig(scale=float(manifest["scale"]), seed=int(manifest["seed"])), DEFAULT_MODEL,
-                       DAYS, serially)
+    world = rebuild_world(manifest)
     users = pl.read_parquet(small_dataset / "users.parquet")
     items = pl.read_parquet(small_dataset / "items.parquet")
     train, hold = split_by_time(pl.read_parquet(small_dataset / "interactions.parquet"))
