@@ -194,11 +194,14 @@ def test_stop_drains_in_flight_request_and_refuses_new_ones(servers, world):
     health = health_pb2_grpc.HealthStub(channel)
     for _ in range(500):
         try:
-            health.Check(health_pb2.HealthCheckRequest(), timeout=2)
+            health.Check(health_pb2.HealthCheckRequest(), timeout=1)
         except grpc.RpcError as e:
-            # a check that reached the server just as its shutdown began is cancelled by the transport
-            # (seen once in CI on a loaded box); one sent after that is refused as UNAVAILABLE
-            assert e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED), e
+            # One sent after shutdown began is refused as UNAVAILABLE. One that reached the transport just
+            # as shutdown began is either cancelled or, never dispatched, left to its deadline (both seen in
+            # CI on a loaded box; grpc/grpc#10418). The refusal itself is asserted on the call below.
+            assert e.code() in (
+                grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED
+            ), e
             break
         time.sleep(0.01)
     with pytest.raises(grpc.RpcError) as info:
