@@ -21,6 +21,12 @@ With a feature core, one more: ``category vector + item row + DLRM dense inputs`
 dense inputs (the history counts included: strictly earlier ones for the training rows, as in training)
 as linear terms beside the fourth ceiling's, which is how much those inputs add on top of it.
 
+``stacked`` asks the converse: what a trained model misses. On the held-out rows, it fits a logistic
+regression on the model's logit plus one term, on half of them, and scores the other half; a term
+that lifts that AUC above the logit's alone carries something the model does not. The terms are the
+read-out dots above and two history vectors a model could be given: the item's and its leaf
+category's click-weighted mean user row from the training split (visible columns and labels only).
+
 Used by ``python -m recpipe.training.diagnose --ceiling``; reads the generator's internals.
 """
 
@@ -83,19 +89,29 @@ def logistic_auc(x_fit: np.ndarray, y_fit: np.ndarray, x_eval: np.ndarray, y_eva
 DenseRows = Callable[[pl.DataFrame, bool], np.ndarray]
 
 
+class Latents:
+    """The hidden vectors and their read-outs from the visible rows, for every user and item."""
+
+    def __init__(self, world: World, users: pl.DataFrame, items: pl.DataFrame) -> None:
+        p = world.params
+        self.scale = world.model.affinity / np.sqrt(world.model.latent_dim)
+        self.v = world.items.v(0, world.items.n).astype(np.float64)
+        self.u = world.users.u.astype(np.float64)
+        self.u_seen = read_out(_columns(users, USER_SIGNALS), self.u)
+        self.v_cat = p.cat_vec[world.items.cat].astype(np.float64)
+        item_rest = _columns(items, ITEM_SIGNALS) - self.v_cat @ p.item_proj
+        #: the part of v - v_cat the item's signal columns reveal
+        self.v_row = read_out(item_rest, self.v - self.v_cat)
+
+
 def ceilings(world: World, users: pl.DataFrame, items: pl.DataFrame, train: pl.DataFrame,
              holdout: pl.DataFrame, dense_rows: DenseRows | None = None) -> dict[str, float]:
     """{ceiling name: held-out AUC}, in the order of the module docstring; the last only with
     ``dense_rows``."""
-    m, p = world.model, world.params
     w_users, w_items = world.users, world.items
-    scale = m.affinity / np.sqrt(m.latent_dim)
-    v = w_items.v(0, w_items.n).astype(np.float64)
-    u = w_users.u.astype(np.float64)
-    u_seen = read_out(_columns(users, USER_SIGNALS), u)
-    v_cat = p.cat_vec[w_items.cat].astype(np.float64)
-    item_rest = _columns(items, ITEM_SIGNALS) - v_cat @ p.item_proj
-    v_seen = v_cat + read_out(item_rest, v - v_cat)
+    lat = Latents(world, users, items)
+    scale, u, v, u_seen, v_cat = lat.scale, lat.u, lat.v, lat.u_seen, lat.v_cat
+    v_seen = v_cat + lat.v_row
     ratings = _columns(items, RATINGS)
     q = w_items.q.astype(np.float64)[:, None]
 
@@ -120,3 +136,53 @@ def ceilings(world: World, users: pl.DataFrame, items: pl.DataFrame, train: pl.D
         held = np.concatenate([terms(holdout, u_seen, v_seen, ratings), dense_rows(holdout, False)], axis=1)
         out["category vector + item row + DLRM dense inputs"] = logistic_auc(fit, y_fit, held, y_eval)
     return out
+
+
+def history_vectors(users: pl.DataFrame, train: pl.DataFrame, keys: np.ndarray, size: int,
+                    prior: float = 50.0) -> np.ndarray:
+    """(size, 32): per key, the training rows' click residual times the user's standardised signal row,
+    summed and shrunk by ``prior`` pseudo-rows; row k of the training split has key ``keys[k]``. The
+    residual is taken against the key's own click rate, so the vector says who clicks, not how often."""
+    x = _columns(users, USER_SIGNALS)
+    x = (x - x.mean(0)) / (x.std(0) + 1e-9)
+    us, y = train["user_id"].to_numpy(), train["label"].to_numpy().astype(np.float64)
+    n = np.bincount(keys, minlength=size).astype(np.float64)
+    rate = np.bincount(keys, weights=y, minlength=size) / np.maximum(n, 1.0)
+    r = y - rate[keys]
+    sums = np.stack([np.bincount(keys, weights=r * x[us, c], minlength=size) for c in range(x.shape[1])], axis=1)
+    return np.asarray(sums / (n + prior)[:, None])
+
+
+def stacked(world: World, users: pl.DataFrame, items: pl.DataFrame, train: pl.DataFrame,
+            holdout: pl.DataFrame, logit: np.ndarray, seed: int = 1) -> dict[str, float]:
+    """{"the model": AUC, "+ term": AUC, ...}: the model's held-out ``logit`` alone and with each term,
+    each fitted on a random half of the held-out rows and scored on the other half."""
+    lat = Latents(world, users, items)
+    us, its = holdout["user_id"].to_numpy(), holdout["item_id"].to_numpy()
+    y = holdout["label"].to_numpy()
+    x = _columns(users, USER_SIGNALS)
+    x = (x - x.mean(0)) / (x.std(0) + 1e-9)
+    whiten = np.linalg.inv(np.cov(x, rowvar=False))
+    leaf = world.items.cat.astype(np.int64)
+    t_items = train["item_id"].to_numpy()
+    by_item = history_vectors(users, train, t_items, world.items.n)
+    by_leaf = history_vectors(users, train, leaf[t_items], int(leaf.max()) + 1)
+
+    def dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.asarray(np.einsum("nd,nd->n", a, b))
+
+    u_white = x[us] @ whiten
+    terms = {
+        "+ u_seen . true category vector": dot(lat.u_seen[us], lat.v_cat[its]),
+        "+ u_seen . item row read-out": dot(lat.u_seen[us], lat.v_row[its]),
+        "+ u . v (the truth's dot)": dot(lat.u[us], lat.v[its]),
+        "+ user row . item's history vector": dot(u_white, by_item[its]),
+        "+ user row . leaf's history vector": dot(u_white, by_leaf[leaf[its]]),
+    }
+    half = np.random.default_rng(seed).random(len(y)) < 0.5
+
+    def fit(*cols: np.ndarray) -> float:
+        z = np.column_stack([logit, *cols])
+        return logistic_auc(z[half], y[half], z[~half], y[~half])
+
+    return {"the model": fit(), **{name: fit(t) for name, t in terms.items()}}

@@ -6,7 +6,8 @@ scale and seed, computes each term for the held-out rows, and reports each term'
 correlation with the trained DLRM's logit, and a least-squares fit of that logit on the three
 terms: a coefficient well below the others' says the model carries that term only in part.
 ``--ceiling`` adds what the features allow (``recpipe.training.ceiling``): the held-out AUC of the
-click logit's terms with the latent vectors read from the rows a model sees, beside the DLRM's.
+click logit's terms with the latent vectors read from the rows a model sees, beside the DLRM's; and
+what the DLRM misses: its logit stacked with one such term, or with a history vector, at a time.
 
     python -m recpipe.training.diagnose --data DATA --models MODELS [--rows 100000] [--ceiling]
 
@@ -90,6 +91,12 @@ def main(argv: list[str] | None = None) -> int:
         for name, value in ceilings(world, user_rows, item_rows, train, hold, dense_rows).items():
             print(f"  {name:48s} {value:.4f}")
         print(f"  {'the DLRM':48s} {auc(y, logit):.4f}")
+        from recpipe.training.ceiling import stacked
+
+        print("what the DLRM misses (its logit + one term, fitted on half of the held-out rows, scored on "
+              "the other half):")
+        for name, value in stacked(world, user_rows, item_rows, train, hold, logit).items():
+            print(f"  {name:48s} {value:.4f}")
     return 0
 
 

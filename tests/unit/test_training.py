@@ -183,6 +183,33 @@ def test_diagnose_reproduces_the_oracle_and_splits_the_logit(small_models: Path,
     assert "u.v" in out and "DLRM logit ~" in out
     assert "what the features allow" in out and "+ category vector only" in out and "the DLRM" in out
     assert "DLRM dense inputs" in out
+    assert "what the DLRM misses" in out and "leaf's history vector" in out
+
+
+def test_stacking_finds_what_a_model_misses(small_dataset: Path) -> None:
+    """A 'model' that knows only the quality term misses the u.v dot: stacking the truth's dot on its
+    logit lifts the held-out AUC well above the logit's alone; stacking it on the truth adds nothing."""
+    from recpipe.datagen.generate import rebuild_world
+    from recpipe.training.ceiling import history_vectors, stacked
+
+    manifest = read_json(small_dataset / "manifest.json")
+    world = rebuild_world(manifest)
+    users = pl.read_parquet(small_dataset / "users.parquet")
+    items = pl.read_parquet(small_dataset / "items.parquet")
+    train, hold = split_by_time(pl.read_parquet(small_dataset / "interactions.parquet"))
+    us, its = hold["user_id"].to_numpy(), hold["item_id"].to_numpy()
+    m = world.model
+    quality = world.items.q[its].astype(np.float64) * m.quality
+    dot = np.einsum("nd,nd->n", world.users.u[us].astype(np.float64), world.items.v(0, world.items.n)[its])
+    truth = quality + dot * m.affinity / np.sqrt(m.latent_dim)
+    partial = stacked(world, users, items, train, hold, quality)
+    assert partial["+ u . v (the truth's dot)"] > partial["the model"] + 0.03, partial
+    full = stacked(world, users, items, train, hold, truth)
+    assert abs(full["+ u . v (the truth's dot)"] - full["the model"]) < 0.005, full
+    # the history vector is the click residual times the user's row: zero for a key nobody clicked
+    keys = np.zeros(train.height, np.int64)
+    vectors = history_vectors(users, train, keys, 2)
+    assert vectors.shape == (2, 32) and not vectors[1].any() and vectors[0].any()
 
 
 def test_feature_ceilings_fall_as_the_latents_are_read_from_the_rows(small_dataset: Path) -> None:
