@@ -23,9 +23,12 @@ as linear terms beside the fourth ceiling's, which is how much those inputs add 
 
 ``stacked`` asks the converse: what a trained model misses. On the held-out rows, it fits a logistic
 regression on the model's logit plus one term, on half of them, and scores the other half; a term
-that lifts that AUC above the logit's alone carries something the model does not. The terms are the
-read-out dots above and two history vectors a model could be given: the item's and its leaf
-category's click-weighted mean user row from the training split (visible columns and labels only).
+that lifts that AUC above the logit's alone carries something the model does not. The terms dot the
+user's read-out with, in turn: the true category vector; ``v`` as read from the item's own row; that
+plus the 4 dimensions of the category vector the item's row never shows (learnable only per
+category, from clicks); that plus the same 4 dimensions of the brand vector (per brand); and the true
+``v``. Two more are history vectors a model could be given: the item's and its leaf category's
+click-weighted mean user row from the training split (visible columns and labels only).
 
 Used by ``python -m recpipe.training.diagnose --ceiling``; reads the generator's internals.
 """
@@ -99,9 +102,16 @@ class Latents:
         self.u = world.users.u.astype(np.float64)
         self.u_seen = read_out(_columns(users, USER_SIGNALS), self.u)
         self.v_cat = p.cat_vec[world.items.cat].astype(np.float64)
-        item_rest = _columns(items, ITEM_SIGNALS) - self.v_cat @ p.item_proj
+        signals = _columns(items, ITEM_SIGNALS)
+        item_rest = signals - self.v_cat @ p.item_proj
         #: the part of v - v_cat the item's signal columns reveal
         self.v_row = read_out(item_rest, self.v - self.v_cat)
+        #: v as read from the item's own signal columns alone (12 noisy projections of its 16 dimensions)
+        self.v_obs = read_out(signals, self.v)
+        proj = p.item_proj.astype(np.float64)
+        #: projects a vector onto the 4 dimensions the item's signal columns never show
+        self.hidden = np.eye(proj.shape[0]) - proj @ np.linalg.pinv(proj)
+        self.brand = world.model.brand_weight * p.brand_vec.astype(np.float64)[world.items.brand]
 
 
 def ceilings(world: World, users: pl.DataFrame, items: pl.DataFrame, train: pl.DataFrame,
@@ -171,11 +181,16 @@ def stacked(world: World, users: pl.DataFrame, items: pl.DataFrame, train: pl.Da
     def dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.asarray(np.einsum("nd,nd->n", a, b))
 
-    u_white = x[us] @ whiten
+    u_white, u_seen = x[us] @ whiten, lat.u_seen[us]
+    v_obs = lat.v_obs[its]
+    cat_hidden = lat.v_cat[its] @ lat.hidden
+    brand_hidden = lat.brand[its] @ lat.hidden
     terms = {
-        "+ u_seen . true category vector": dot(lat.u_seen[us], lat.v_cat[its]),
-        "+ u_seen . item row read-out": dot(lat.u_seen[us], lat.v_row[its]),
-        "+ u . v (the truth's dot)": dot(lat.u[us], lat.v[its]),
+        "+ u_seen . true category vector": dot(u_seen, lat.v_cat[its]),
+        "+ u_seen . v read from the item's row": dot(u_seen, v_obs),
+        "+ u_seen . (that + category's hidden dims)": dot(u_seen, v_obs + cat_hidden),
+        "+ u_seen . (that + brand's hidden dims)": dot(u_seen, v_obs + cat_hidden + brand_hidden),
+        "+ u_seen . v": dot(u_seen, lat.v[its]),
         "+ user row . item's history vector": dot(u_white, by_item[its]),
         "+ user row . leaf's history vector": dot(u_white, by_leaf[leaf[its]]),
     }
