@@ -115,11 +115,12 @@ class Latents:
 
 
 def ceilings(world: World, users: pl.DataFrame, items: pl.DataFrame, train: pl.DataFrame,
-             holdout: pl.DataFrame, dense_rows: DenseRows | None = None) -> dict[str, float]:
+             holdout: pl.DataFrame, dense_rows: DenseRows | None = None,
+             latents: Latents | None = None) -> dict[str, float]:
     """{ceiling name: held-out AUC}, in the order of the module docstring; the last only with
-    ``dense_rows``."""
+    ``dense_rows``. ``latents``: the world's ``Latents`` when the caller has them already."""
     w_users, w_items = world.users, world.items
-    lat = Latents(world, users, items)
+    lat = latents or Latents(world, users, items)
     scale, u, v, u_seen, v_cat = lat.scale, lat.u, lat.v, lat.u_seen, lat.v_cat
     v_seen = v_cat + lat.v_row
     ratings = _columns(items, RATINGS)
@@ -148,13 +149,18 @@ def ceilings(world: World, users: pl.DataFrame, items: pl.DataFrame, train: pl.D
     return out
 
 
+def user_signals(users: pl.DataFrame) -> np.ndarray:
+    """(num_users, 32) the users' signal columns, standardised."""
+    x = _columns(users, USER_SIGNALS)
+    return np.asarray((x - x.mean(0)) / (x.std(0) + 1e-9))
+
+
 def history_vectors(users: pl.DataFrame, train: pl.DataFrame, keys: np.ndarray, size: int,
                     prior: float = 50.0) -> np.ndarray:
     """(size, 32): per key, the training rows' click residual times the user's standardised signal row,
     summed and shrunk by ``prior`` pseudo-rows; row k of the training split has key ``keys[k]``. The
     residual is taken against the key's own click rate, so the vector says who clicks, not how often."""
-    x = _columns(users, USER_SIGNALS)
-    x = (x - x.mean(0)) / (x.std(0) + 1e-9)
+    x = user_signals(users)
     us, y = train["user_id"].to_numpy(), train["label"].to_numpy().astype(np.float64)
     n = np.bincount(keys, minlength=size).astype(np.float64)
     rate = np.bincount(keys, weights=y, minlength=size) / np.maximum(n, 1.0)
@@ -164,14 +170,14 @@ def history_vectors(users: pl.DataFrame, train: pl.DataFrame, keys: np.ndarray, 
 
 
 def stacked(world: World, users: pl.DataFrame, items: pl.DataFrame, train: pl.DataFrame,
-            holdout: pl.DataFrame, logit: np.ndarray, seed: int = 1) -> dict[str, float]:
+            holdout: pl.DataFrame, logit: np.ndarray, seed: int = 1,
+            latents: Latents | None = None) -> dict[str, float]:
     """{"the model": AUC, "+ term": AUC, ...}: the model's held-out ``logit`` alone and with each term,
     each fitted on a random half of the held-out rows and scored on the other half."""
-    lat = Latents(world, users, items)
+    lat = latents or Latents(world, users, items)
     us, its = holdout["user_id"].to_numpy(), holdout["item_id"].to_numpy()
     y = holdout["label"].to_numpy()
-    x = _columns(users, USER_SIGNALS)
-    x = (x - x.mean(0)) / (x.std(0) + 1e-9)
+    x = user_signals(users)
     whiten = np.linalg.inv(np.cov(x, rowvar=False))
     leaf = world.items.cat.astype(np.int64)
     t_items = train["item_id"].to_numpy()

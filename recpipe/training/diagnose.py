@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  corr(DLRM logit, true logit) {np.corrcoef(truth, logit)[0, 1]:.3f}; "
           f"mean predicted p {p.mean():.4f} vs click rate {y.mean():.4f}")
     if args.ceiling:
-        from recpipe.training.ceiling import ceilings
+        from recpipe.training.ceiling import Latents, ceilings, stacked
 
         print("what the features allow (logistic regression on the logit's terms, fitted on the training "
               "rows; held-out AUC):")
@@ -88,14 +88,13 @@ def main(argv: list[str] | None = None) -> int:
             us, its = frame["user_id"].to_numpy(), frame["item_id"].to_numpy()
             return loops.ranking_batch(core, us, its, counts)[0].astype(np.float64)
 
-        for name, value in ceilings(world, user_rows, item_rows, train, hold, dense_rows).items():
+        latents = Latents(world, user_rows, item_rows)
+        for name, value in ceilings(world, user_rows, item_rows, train, hold, dense_rows, latents).items():
             print(f"  {name:48s} {value:.4f}")
         print(f"  {'the DLRM':48s} {auc(y, logit):.4f}")
-        from recpipe.training.ceiling import stacked
-
         print("what the DLRM misses (its logit + one term, fitted on half of the held-out rows, scored on "
               "the other half):")
-        for name, value in stacked(world, user_rows, item_rows, train, hold, logit).items():
+        for name, value in stacked(world, user_rows, item_rows, train, hold, logit, latents=latents).items():
             print(f"  {name:48s} {value:.4f}")
     return 0
 
