@@ -155,12 +155,13 @@ def user_signals(users: pl.DataFrame) -> np.ndarray:
     return np.asarray((x - x.mean(0)) / (x.std(0) + 1e-9))
 
 
-def history_vectors(users: pl.DataFrame, train: pl.DataFrame, keys: np.ndarray, size: int,
+def history_vectors(signals: np.ndarray, train: pl.DataFrame, keys: np.ndarray, size: int,
                     prior: float = 50.0) -> np.ndarray:
-    """(size, 32): per key, the training rows' click residual times the user's standardised signal row,
-    summed and shrunk by ``prior`` pseudo-rows; row k of the training split has key ``keys[k]``. The
-    residual is taken against the key's own click rate, so the vector says who clicks, not how often."""
-    x = user_signals(users)
+    """(size, 32): per key, the training rows' click residual times the user's row of ``signals``
+    (``user_signals``), summed and shrunk by ``prior`` pseudo-rows; row k of the training split has key
+    ``keys[k]``. The residual is taken against the key's own click rate, so the vector says who clicks,
+    not how often."""
+    x = signals
     us, y = train["user_id"].to_numpy(), train["label"].to_numpy().astype(np.float64)
     n = np.bincount(keys, minlength=size).astype(np.float64)
     rate = np.bincount(keys, weights=y, minlength=size) / np.maximum(n, 1.0)
@@ -181,8 +182,8 @@ def stacked(world: World, users: pl.DataFrame, items: pl.DataFrame, train: pl.Da
     whiten = np.linalg.inv(np.cov(x, rowvar=False))
     leaf = world.items.cat.astype(np.int64)
     t_items = train["item_id"].to_numpy()
-    by_item = history_vectors(users, train, t_items, world.items.n)
-    by_leaf = history_vectors(users, train, leaf[t_items], int(leaf.max()) + 1)
+    by_item = history_vectors(x, train, t_items, world.items.n)
+    by_leaf = history_vectors(x, train, leaf[t_items], int(leaf.max()) + 1)
 
     def dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.asarray(np.einsum("nd,nd->n", a, b))

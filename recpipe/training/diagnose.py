@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             return loops.ranking_batch(core, us, its, counts)[0].astype(np.float64)
 
         latents = Latents(world, user_rows, item_rows)
-        for name, value in ceilings(world, user_rows, item_rows, train, hold, dense_rows, latents).items():
+        for name, value in ceilings(world, user_rows, item_rows, train, hold, dense_rows, latents=latents).items():
             print(f"  {name:48s} {value:.4f}")
         print(f"  {'the DLRM':48s} {auc(y, logit):.4f}")
         print("what the DLRM misses (its logit + one term, fitted on half of the held-out rows, scored on "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
@@ -15,6 +16,9 @@ from recpipe.timesplit import split_by_time
 from recpipe.training.config import INDEX_CHOICES, TrainConfig
 from recpipe.training.loops import sample_ranking_rows
 from recpipe.training.metrics import auc, recall_at_k
+
+if TYPE_CHECKING:
+    from recpipe.datagen.world import World
 
 
 def test_auc_matches_pairwise_definition() -> None:
@@ -186,18 +190,27 @@ def test_diagnose_reproduces_the_oracle_and_splits_the_logit(small_models: Path,
     assert "what the DLRM misses" in out and "leaf's history vector" in out and "brand's hidden dims" in out
 
 
-def test_stacking_finds_what_a_model_misses(small_dataset: Path) -> None:
-    """A 'model' that knows only the quality term misses the u.v dot: stacking the user's read-out dotted
-    with the true v on its logit lifts the held-out AUC well above the logit's alone; stacked on the
-    truth, the same term adds nothing."""
+@pytest.fixture(scope="module")
+def hidden_world(small_dataset: Path) -> tuple[dict[str, Any], World, pl.DataFrame, pl.DataFrame, pl.DataFrame,
+                                               pl.DataFrame]:
+    """The small dataset's manifest, rebuilt hidden world, users, items, training and held-out rows."""
     from recpipe.datagen.generate import rebuild_world
-    from recpipe.training.ceiling import history_vectors, stacked
 
     manifest = read_json(small_dataset / "manifest.json")
     world = rebuild_world(manifest)
     users = pl.read_parquet(small_dataset / "users.parquet")
     items = pl.read_parquet(small_dataset / "items.parquet")
     train, hold = split_by_time(pl.read_parquet(small_dataset / "interactions.parquet"))
+    return manifest, world, users, items, train, hold
+
+
+def test_stacking_finds_what_a_model_misses(hidden_world) -> None:
+    """A 'model' that knows only the quality term misses the u.v dot: stacking the user's read-out dotted
+    with the true v on its logit lifts the held-out AUC well above the logit's alone; stacked on the
+    truth, the same term adds nothing."""
+    from recpipe.training.ceiling import history_vectors, stacked, user_signals
+
+    _, world, users, items, train, hold = hidden_world
     us, its = hold["user_id"].to_numpy(), hold["item_id"].to_numpy()
     m = world.model
     quality = world.items.q[its].astype(np.float64) * m.quality
@@ -209,22 +222,17 @@ def test_stacking_finds_what_a_model_misses(small_dataset: Path) -> None:
     assert abs(full["+ u_seen . v"] - full["the model"]) < 0.005, full
     # the history vector is the click residual times the user's row: zero for a key nobody clicked
     keys = np.zeros(train.height, np.int64)
-    vectors = history_vectors(users, train, keys, 2)
+    vectors = history_vectors(user_signals(users), train, keys, 2)
     assert vectors.shape == (2, 32) and not vectors[1].any() and vectors[0].any()
 
 
-def test_feature_ceilings_fall_as_the_latents_are_read_from_the_rows(small_dataset: Path) -> None:
+def test_feature_ceilings_fall_as_the_latents_are_read_from_the_rows(hidden_world) -> None:
     """Each ceiling hides one more part of the click logit, so none may rise much above the one
     before it; the truth's logistic fit is the oracle up to three coefficients; and the ceilings sit
     well above chance (they are fitted on the training rows, scored on the held-out ones)."""
-    from recpipe.datagen.generate import rebuild_world
     from recpipe.training.ceiling import ceilings, read_out
 
-    manifest = read_json(small_dataset / "manifest.json")
-    world = rebuild_world(manifest)
-    users = pl.read_parquet(small_dataset / "users.parquet")
-    items = pl.read_parquet(small_dataset / "items.parquet")
-    train, hold = split_by_time(pl.read_parquet(small_dataset / "interactions.parquet"))
+    manifest, world, users, items, train, hold = hidden_world
     got = ceilings(world, users, items, train, hold)
     assert list(got) == ["truth", "ratings for quality", "user read from its row", "+ category vector + item row",
                          "+ category vector only"]
