@@ -27,8 +27,11 @@ that lifts that AUC above the logit's alone carries something the model does not
 user's read-out with, in turn: the true category vector; ``v`` as read from the item's own row; that
 plus the 4 dimensions of the category vector the item's row never shows (learnable only per
 category, from clicks); that plus the same 4 dimensions of the brand vector (per brand); and the true
-``v``. Two more are history vectors a model could be given: the item's and its leaf category's
-click-weighted mean user row from the training split (visible columns and labels only).
+``v``. Two more swap the user's side: the true ``u`` dotted with ``v`` as read from the item's row
+(what a perfect view of the user would add), and the user's own history vector. The last three are
+history vectors a model could be given from the training split (visible columns and labels only):
+the user's click-weighted mean item row (what the ``recent_items`` the feature stage serves could
+carry), and the item's and its leaf category's click-weighted mean user row.
 
 Used by ``python -m recpipe.training.diagnose --ceiling``; reads the generator's internals.
 """
@@ -155,14 +158,21 @@ def user_signals(users: pl.DataFrame) -> np.ndarray:
     return np.asarray((x - x.mean(0)) / (x.std(0) + 1e-9))
 
 
+def item_signals(items: pl.DataFrame) -> np.ndarray:
+    """(num_items, 12) the items' signal columns, standardised."""
+    x = _columns(items, ITEM_SIGNALS)
+    return np.asarray((x - x.mean(0)) / (x.std(0) + 1e-9))
+
+
 def history_vectors(signals: np.ndarray, train: pl.DataFrame, keys: np.ndarray, size: int,
-                    prior: float = 50.0) -> np.ndarray:
-    """(size, 32): per key, the training rows' click residual times the user's row of ``signals``
-    (``user_signals``), summed and shrunk by ``prior`` pseudo-rows; row k of the training split has key
-    ``keys[k]``. The residual is taken against the key's own click rate, so the vector says who clicks,
-    not how often."""
+                    prior: float = 50.0, source: str = "user_id") -> np.ndarray:
+    """(size, D): per key, the training rows' click residual times the other side's row of ``signals``
+    (``user_signals`` indexed by the rows' ``source`` column, or ``item_signals`` with ``source``
+    "item_id"), summed and shrunk by ``prior`` pseudo-rows; row k of the training split has key
+    ``keys[k]``. The residual is taken against the key's own click rate, so the vector says who clicks
+    (or what is clicked), not how often."""
     x = signals
-    us, y = train["user_id"].to_numpy(), train["label"].to_numpy().astype(np.float64)
+    us, y = train[source].to_numpy(), train["label"].to_numpy().astype(np.float64)
     n = np.bincount(keys, minlength=size).astype(np.float64)
     rate = np.bincount(keys, weights=y, minlength=size) / np.maximum(n, 1.0)
     r = y - rate[keys]
@@ -188,6 +198,9 @@ def stacked(world: World, users: pl.DataFrame, items: pl.DataFrame, train: pl.Da
     def dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.asarray(np.einsum("nd,nd->n", a, b))
 
+    xi = item_signals(items)
+    by_user = history_vectors(xi, train, train["user_id"].to_numpy(), world.users.n, prior=5.0, source="item_id")
+    i_white = xi[its] @ np.linalg.inv(np.cov(xi, rowvar=False))
     u_white, u_seen = x[us] @ whiten, lat.u_seen[us]
     v_obs = lat.v_obs[its]
     cat_hidden = lat.v_cat[its] @ lat.hidden
@@ -198,6 +211,8 @@ def stacked(world: World, users: pl.DataFrame, items: pl.DataFrame, train: pl.Da
         "+ u_seen . (that + category's hidden dims)": dot(u_seen, v_obs + cat_hidden),
         "+ u_seen . (that + brand's hidden dims)": dot(u_seen, v_obs + cat_hidden + brand_hidden),
         "+ u_seen . v": dot(u_seen, lat.v[its]),
+        "+ true u . v read from the item's row": dot(lat.u[us], v_obs),
+        "+ user's history vector . item row": dot(by_user[us], i_white),
         "+ user row . item's history vector": dot(u_white, by_item[its]),
         "+ user row . leaf's history vector": dot(u_white, by_leaf[leaf[its]]),
     }

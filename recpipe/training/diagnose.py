@@ -96,6 +96,11 @@ def main(argv: list[str] | None = None) -> int:
               "the other half):")
         for name, value in stacked(world, user_rows, item_rows, train, hold, logit, latents=latents).items():
             print(f"  {name:48s} {value:.4f}")
+        clicks = train["label"].to_numpy()
+        for side, size, ids in (("item", world.items.n, i), ("user", world.users.n, u)):
+            per = np.bincount(train[f"{side}_id"].to_numpy(), weights=clicks, minlength=size)[ids]
+            p50, p90 = np.percentile(per, [50, 90])
+            print(f"  training clicks on the held-out row's {side}: median {p50:.0f}, p90 {p90:.0f}")
     return 0
 
 
