@@ -226,7 +226,8 @@ def train_dlrm(
 ) -> tuple[DLRM, dict[str, Any]]:
     """Train on the training rows in time order, less the latest ``cfg.ranking_val_fraction`` of them,
     which choose the epoch: training stops after the first epoch that does not raise their AUC, and
-    the best epoch's weights are kept. Returns the model and its stats (per-epoch AUCs included)."""
+    the best epoch's weights are kept. With no validation rows every planned epoch runs and the last
+    is kept (its validation AUCs are None). Returns the model and its stats (per-epoch AUCs included)."""
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed + 1)
     model = DLRM(dlrm_config(core, cfg)).to(device)
@@ -261,7 +262,7 @@ def train_dlrm(
 
     batch = step_batch(len(rows), cfg.ranking_batch, cfg.min_steps)
     schedule = lr_schedule(opts[0], cfg.ranking_lr_schedule, epochs * -(-len(rows) // batch))
-    history: list[dict[str, float]] = []
+    history: list[dict[str, float | None]] = []
     best: dict[str, torch.Tensor] | None = None
     best_epoch, best_val = 0, -np.inf
     loss_value = float("nan")
@@ -284,12 +285,14 @@ def train_dlrm(
                 bar.update(len(idx), loss_value)
             t1 = time.perf_counter()
             model.eval()
-            val_auc = rows_auc(val) if len(val) else float("nan")
+            val_auc = rows_auc(val) if len(val) else None
             history.append({"epoch": epoch, "loss": round(loss_value, 5), "train_auc": round(rows_auc(train_check), 5),
-                            "val_auc": round(val_auc, 5), "seconds": round(t1 - t0, 3)})
+                            "val_auc": None if val_auc is None else round(val_auc, 5), "seconds": round(t1 - t0, 3)})
             fit_s += t1 - t0
             check_s += time.perf_counter() - t1
-            if not len(val) or val_auc > best_val:
+            if val_auc is None:  # no validation rows: every planned epoch runs and the last is kept
+                best_epoch = epoch
+            elif val_auc > best_val:
                 best_epoch, best_val = epoch, val_auc
                 best = {k: v.detach().clone() for k, v in model.state_dict().items()}
             elif epoch > best_epoch:  # no better than the best: later epochs only memorise more
