@@ -5,6 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 INDEX_CHOICES = ("auto", "flat", "ivf", "ivfsq8", "ivfpqfs", "hnsw")
+#: the DLRM's validation share by interaction when none is given. The dot model trains on every row
+#: and keeps its last epoch: the latest rows are the nearest to the held-out period, and the validation
+#: AUC peaked before the held-out AUC did (scale 0.1: +0.0017 and +0.003 held-out AUC over holding a
+#: tenth back). DCN's cross layers memorise from the second or third epoch on, so it keeps the latest
+#: tenth back to stop early (8 epochs on every row: 0.7308 against 0.7677). BENCHMARKS.md, issue 23
+VAL_FRACTION_AUTO = {"dot": 0.0, "dcn": 0.1}
+#: the DLRM's planned epochs by interaction. Dot on every row: 8 (+0.0024 held-out AUC at scale 0.1
+#: over 4). DCN stops early at 2 or 3; its cosine schedule over 8 planned epochs decays too slowly
+#: for that (0.7643 against 0.7677 over 4)
+RANKING_EPOCHS_AUTO = {"dot": 8, "dcn": 4}
 
 
 @dataclass(frozen=True)
@@ -12,11 +22,12 @@ class TrainConfig:
     """Everything ``recpipe train`` decides. ``epochs``, when set, applies to both models."""
 
     epochs: int | None = None
-    #: defaults when ``epochs`` is not set. The DLRM's is a ceiling: ``ranking_row_budget`` cuts it to
-    #: three epochs at full scale; with a validation split (``ranking_val_fraction``) it also stops
-    #: early at the epoch after which the validation AUC stopped improving, keeping the best weights
+    #: defaults when ``epochs`` is not set. The DLRM's (None: ``RANKING_EPOCHS_AUTO`` by interaction) is
+    #: a ceiling: ``ranking_row_budget`` cuts it to three epochs at full scale; with a validation split
+    #: (``val_fraction``) training also stops early at the epoch after which the validation AUC stopped
+    #: improving, keeping the best weights. The learning-rate schedule spans the planned epochs
     retrieval_epochs_default: int = 2
-    ranking_epochs_default: int = 8
+    ranking_epochs_default: int | None = None
     seed: int = 0
     device: str = "auto"
     index: str = "auto"
@@ -48,11 +59,10 @@ class TrainConfig:
     ranking_lr_schedule: str = "cosine"
     #: DLRM interaction: "dot" (DLRM v1) or "dcn" (DCNv2 low-rank cross layers, MLPerf DLRM-v2)
     interaction: str = "dot"
-    #: the latest share of the training rows (by time) held back to choose the DLRM's epoch. 0 trains
-    #: on every row for the planned epochs and keeps the last: the latest rows are the nearest to the
-    #: held-out period, and the validation AUC peaked before the held-out AUC did (scale 0.1: +0.0017
-    #: and +0.003 held-out AUC over 0.1 with 4 epochs; BENCHMARKS.md, issue 23)
-    ranking_val_fraction: float = 0.0
+    #: the latest share of the training rows (by time) held back to choose the DLRM's epoch; None:
+    #: ``VAL_FRACTION_AUTO`` by interaction (``val_fraction``). 0 trains on every row for the planned
+    #: epochs and keeps the last
+    ranking_val_fraction: float | None = None
     #: DLRM rows over all epochs at most: three epochs at full scale (1M rows an epoch), for the time
     #: budget. The third epoch is worth +0.0026 held-out AUC there; it fits the budget because each
     #: step stopped re-faulting its large tensors (``heap``). See BENCHMARKS.md, issue 23
@@ -87,7 +97,14 @@ class TrainConfig:
 
     @property
     def ranking_epochs(self) -> int:
-        return self.epochs or self.ranking_epochs_default
+        return self.epochs or self.ranking_epochs_default or RANKING_EPOCHS_AUTO[self.interaction]
+
+    @property
+    def val_fraction(self) -> float:
+        """The DLRM's validation share: ``ranking_val_fraction``, or the interaction's default."""
+        if self.ranking_val_fraction is not None:
+            return self.ranking_val_fraction
+        return VAL_FRACTION_AUTO[self.interaction]
 
     def __post_init__(self) -> None:
         if self.epochs is not None and self.epochs < 1:
@@ -106,7 +123,7 @@ class TrainConfig:
             raise ValueError("ranking_lr_schedule must be cosine or constant")
         if self.ranking_min_rows_per_id < 0:
             raise ValueError("ranking_min_rows_per_id must be >= 0")
-        if not 0 <= self.ranking_val_fraction < 0.5:
+        if self.ranking_val_fraction is not None and not 0 <= self.ranking_val_fraction < 0.5:
             raise ValueError("ranking_val_fraction must be in [0, 0.5)")
         if not 0 < self.index_recall_target <= 1:
             raise ValueError("index_recall_target must be in (0, 1]")

@@ -224,14 +224,14 @@ def train_dlrm(
     core: FeatureCore, users: np.ndarray, items: np.ndarray, labels: np.ndarray, counts: RowCounts,
     cfg: TrainConfig, device: torch.device,
 ) -> tuple[DLRM, dict[str, Any]]:
-    """Train on the training rows in time order, less the latest ``cfg.ranking_val_fraction`` of them,
+    """Train on the training rows in time order, less the latest ``cfg.val_fraction`` of them,
     which choose the epoch: training stops after the first epoch that does not raise their AUC, and
     the best epoch's weights are kept. With no validation rows every planned epoch runs and the last
     is kept (its validation AUCs are None). Returns the model and its stats (per-epoch AUCs included)."""
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed + 1)
     model = DLRM(dlrm_config(core, cfg)).to(device)
-    n_val = int(len(labels) * cfg.ranking_val_fraction)
+    n_val = int(len(labels) * cfg.val_fraction)
     fit = len(labels) - n_val
     rows, weights = sample_ranking_rows(labels[:fit], cfg, rng)
     # the tables' start (recpipe/training/tables.py): exposure vectors for the leaf category, zeros

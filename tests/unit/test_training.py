@@ -121,6 +121,10 @@ def test_dlrm_keeps_the_best_validation_epoch_or_else_the_last(small_models: Pat
     _, stats = loops.train_dlrm(core, users, items, labels, counts, cfg, torch.device("cpu"))
     assert (stats["val_rows"], stats["epoch"], stats["epochs_run"], stats["val_auc"]) == (0, 3, 3, None)
     assert [h["val_auc"] for h in stats["history"]] == [None] * 3
+    # the validation share by interaction when none is given: DCN's cross layers memorise, so it stops early
+    assert (cfg.val_fraction, TrainConfig(interaction="dcn").val_fraction) == (0.0, 0.1)
+    assert (TrainConfig().ranking_epochs, TrainConfig(interaction="dcn").ranking_epochs) == (8, 4)
+    assert TrainConfig(interaction="dcn", ranking_val_fraction=0.0).val_fraction == 0.0
 
 
 def test_refuses_to_overwrite_without_force(small_models: Path, small_dataset: Path, capsys) -> None:
