@@ -82,7 +82,7 @@ CASES: dict[str, tuple[str, str]] = {
         (SKIP, "GPU wheel swap: needs a CUDA machine and a package index"),
     "recpipe synth-data --out data --scale 0.1 --seed 0": (RUN, "--scale 0.005"),
     "recpipe train --data data/ --out models/ [--device auto|cpu|cuda] [--epochs N] [--seed N] "
-    "[--index auto|flat|ivf|ivfsq8|ivfpqfs|hnsw] [--interaction dot|dcn] [--threads N] "
+    "[--index auto|flat|ivf|ivfsq8|ivfpqfs|hnsw] [--interaction dot|dcn] [--val-fraction F] [--threads N] "
     "[--preprocess polars|nvtabular] [--force] [--quiet]":
         (RUN, "the session fixture small_models runs `train --data D --out M --epochs 1`; the default "
               "models/ of a fresh clone is test_train_into_the_default_models_dir_of_a_clone"),
