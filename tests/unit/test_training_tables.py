@@ -91,7 +91,8 @@ def test_train_dlrm_reports_and_keeps_its_table_start(small_models: Path, small_
     if tables.EXPOSURE_COLUMN not in frozen:
         assert weight[offsets[leaf] + 1 : offsets[leaf + 1]].abs().mean() > 0.2
     # a leaf table too sparse itself is zeroed like the others, and not reported as started from exposure
-    sparse = TrainConfig(epochs=1, min_steps=10, ranking_min_rows_per_id=5.0)
+    # (the threshold sits above the leaf table's rows per id however many rows validation holds back)
+    sparse = TrainConfig(epochs=1, min_steps=10, ranking_min_rows_per_id=n / sizes[leaf] + 1.0)
     _, both = loops.train_dlrm(core, users, items, labels, counts, sparse, torch.device("cpu"))
     assert tables.EXPOSURE_COLUMN in both["frozen_tables"] and both["exposure_table"] is None
     off = TrainConfig(epochs=1, min_steps=10, ranking_min_rows_per_id=0.0, ranking_exposure_init=False)
