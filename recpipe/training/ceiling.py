@@ -152,16 +152,19 @@ def ceilings(world: World, users: pl.DataFrame, items: pl.DataFrame, train: pl.D
     return out
 
 
+def _standardised(frame: pl.DataFrame, names: tuple[str, ...]) -> np.ndarray:
+    x = _columns(frame, names)
+    return np.asarray((x - x.mean(0)) / (x.std(0) + 1e-9))
+
+
 def user_signals(users: pl.DataFrame) -> np.ndarray:
     """(num_users, 32) the users' signal columns, standardised."""
-    x = _columns(users, USER_SIGNALS)
-    return np.asarray((x - x.mean(0)) / (x.std(0) + 1e-9))
+    return _standardised(users, USER_SIGNALS)
 
 
 def item_signals(items: pl.DataFrame) -> np.ndarray:
     """(num_items, 12) the items' signal columns, standardised."""
-    x = _columns(items, ITEM_SIGNALS)
-    return np.asarray((x - x.mean(0)) / (x.std(0) + 1e-9))
+    return _standardised(items, ITEM_SIGNALS)
 
 
 def history_vectors(signals: np.ndarray, train: pl.DataFrame, keys: np.ndarray, size: int,
@@ -171,12 +174,13 @@ def history_vectors(signals: np.ndarray, train: pl.DataFrame, keys: np.ndarray, 
     "item_id"), summed and shrunk by ``prior`` pseudo-rows; row k of the training split has key
     ``keys[k]``. The residual is taken against the key's own click rate, so the vector says who clicks
     (or what is clicked), not how often."""
-    x = signals
-    us, y = train[source].to_numpy(), train["label"].to_numpy().astype(np.float64)
+    other, y = train[source].to_numpy(), train["label"].to_numpy().astype(np.float64)
     n = np.bincount(keys, minlength=size).astype(np.float64)
     rate = np.bincount(keys, weights=y, minlength=size) / np.maximum(n, 1.0)
     r = y - rate[keys]
-    sums = np.stack([np.bincount(keys, weights=r * x[us, c], minlength=size) for c in range(x.shape[1])], axis=1)
+    # one column at a time: the training rows' (n, D) gather would be ~1 GB at full scale
+    sums = np.stack([np.bincount(keys, weights=r * signals[other, c], minlength=size)
+                     for c in range(signals.shape[1])], axis=1)
     return np.asarray(sums / (n + prior)[:, None])
 
 
