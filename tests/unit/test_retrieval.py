@@ -78,6 +78,36 @@ def test_auto_picks_the_fastest_index_reaching_the_target_at_k500(data) -> None:
     assert size["ivfsq8"] < size["ivf"] and size["ivfpqfs"] > size["ivf"]  # PQ codes + the refine vectors
 
 
+@pytest.mark.parametrize("kind", faiss_index.IVF_KINDS)
+def test_shared_centroids_build_the_same_index_as_its_own_kmeans(kind: str, data) -> None:
+    # auto clusters once for the three IVF kinds: what each then holds and finds must not change
+    items, queries = data
+    alone, nlist = faiss_index.build(items, kind, seed=3)
+    centroids = faiss_index.train_centroids(items, seed=3)
+    shared, nlist_shared = faiss_index.build(items, kind, seed=3, centroids=centroids)
+    assert nlist_shared == nlist and centroids.shape == (nlist, items.shape[1])
+    quantizer = faiss.extract_index_ivf(alone).quantizer
+    np.testing.assert_array_equal(quantizer.reconstruct_n(0, nlist), centroids)
+    spec = faiss_index.tune(alone, kind, nlist, items, queries[:100], target=0.95)
+    for index in (alone, shared):
+        faiss_index.set_search_params(index, spec, k=500)
+    np.testing.assert_array_equal(shared.search(queries[100:160], 500)[1], alone.search(queries[100:160], 500)[1])
+    with pytest.raises(ValueError, match="centroids are"):
+        faiss_index.build(items, kind, centroids=centroids[:-1])
+
+
+def test_recall_counts_each_row_against_its_own_truth() -> None:
+    rng = np.random.default_rng(0)
+    truth = np.stack([rng.choice(1000, 50, replace=False) for _ in range(40)])
+    found = np.where(rng.random(truth.shape) < 0.8, truth, rng.integers(-1, 1000, truth.shape))
+    found = rng.permuted(found, axis=1)
+    expected = np.mean([len(set(t) & set(f[f >= 0])) for t, f in zip(truth, found, strict=True)]) / truth.shape[1]
+    assert faiss_index.recall(found, truth) == pytest.approx(expected)
+    assert faiss_index.recall(np.roll(truth, 1, axis=0), truth) < 0.2  # another row's ids do not count
+    assert faiss_index.recall(np.full_like(truth, -1), truth) == 0.0
+    assert faiss_index.recall(truth[:, :0], truth) == 0.0 and faiss_index.recall(found, truth[:0]) == 1.0
+
+
 def test_index_spec_reads_an_older_index_json_without_the_new_fields() -> None:
     old = {"kind": "ivf", "num_items": 10, "dim": 4, "nlist": 2, "nprobe": 1, "max_nprobe": 2, "ef_search": 0,
            "max_ef_search": 0, "recall_at_100": 0.97, "search_ms_p50": 0.3}
