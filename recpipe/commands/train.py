@@ -38,7 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="DLRM feature interaction: dot (pairwise dots, default) or dcn (DCNv2 low-rank cross "
                              "layers, as in MLPerf DLRM-v2)")
     parser.add_argument("--threads", type=int, default=0,
-                        help="torch compute threads (0 = auto: 1 on machines with <= 2 cores, else torch's default)")
+                        help="torch compute threads (0 = auto: a thread per core; 1 on machines with <= 2 cores "
+                             "when OMP_WAIT_POLICY is set to anything but PASSIVE, the policy recpipe train runs torch under "
+                             "unless you set one)")
     parser.add_argument("--force", action="store_true", help="replace an existing model repository")
     parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
 
@@ -74,6 +76,9 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.quiet,
     )
 
+    from recpipe.training.threads import import_with_sleeping_workers
+
+    import_with_sleeping_workers()  # before anything else loads torch: OpenMP reads the policy once
     from recpipe.training.pipeline import train
 
     def say(line: str) -> None:

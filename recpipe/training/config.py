@@ -87,7 +87,7 @@ class TrainConfig:
     eval_users: int = 2000
     index_queries: int = 500
     index_recall_target: float = 0.95
-    #: torch intra-op threads for training (0 = auto, see ``pipeline.training_threads``)
+    #: torch intra-op threads for training (0 = auto, see ``threads.training_threads``)
     threads: int = 0
     progress: bool = False
 

@@ -45,7 +45,7 @@ from recpipe.repository import (
 from recpipe.retrieval import artifacts as retrieval_artifacts
 from recpipe.retrieval import index as faiss_index
 from recpipe.timesplit import split_by_time
-from recpipe.training import loops
+from recpipe.training import loops, threads
 from recpipe.training.config import TrainConfig
 from recpipe.training.metrics import auc, recall_at_k
 from recpipe.training.precision_eval import precision_aucs
@@ -77,18 +77,6 @@ def _versions() -> dict[str, str]:
             "polars": pl.__version__, "numpy": np.__version__, "python": platform.python_version()}
 
 
-def training_threads(requested: int) -> int:
-    """``requested``, or for 0: 1 thread on machines with 2 cores or fewer, torch's default otherwise.
-
-    On a small machine that is shared (CI, a dev box), two OpenMP threads contending with other
-    processes ran training steps 2-2.5x slower than one (measured here); on bigger machines torch's
-    default is the better bet.
-    """
-    if requested > 0:
-        return requested
-    return 1 if (os.cpu_count() or 1) <= 2 else torch.get_num_threads()
-
-
 def train(
     data_dir: Path, out: Path, cfg: TrainConfig, force: bool = False, say: Callable[[str], None] = lambda s: None,
     fit_preprocessor: Callable[[pl.DataFrame, pl.DataFrame, PreprocessConfig], Preprocessor] = Preprocessor.fit,
@@ -99,12 +87,8 @@ def train(
     engine (``Preprocessor.fit``) by default, or ``recpipe.preprocess.nvtabular_engine.fit``.
     Torch's thread count is set for the run (``cfg.threads``) and restored afterwards.
     """
-    previous = torch.get_num_threads()
-    torch.set_num_threads(training_threads(cfg.threads))
-    try:
+    with threads.torch_threads(threads.training_threads(cfg.threads)):
         return _train(data_dir, out, cfg, force, say, fit_preprocessor)
-    finally:
-        torch.set_num_threads(previous)
 
 
 def _train(
@@ -199,7 +183,10 @@ def _train(
     precision_rows = eval_rows
     if precision_rows.height > cfg.max_precision_rows:
         precision_rows = precision_rows.sample(cfg.max_precision_rows, seed=cfg.seed)
-    auc_by_precision = precision_aucs(dlrm, core, precision_rows)
+    # on one thread: the served forward's small ops each wake a sleeping worker, and this pass took
+    # 10.7 s at full scale on two threads against 5.2 s on one (BENCHMARKS.md, "Training threads")
+    with threads.torch_threads(1):
+        auc_by_precision = precision_aucs(dlrm, core, precision_rows)
     t = lap("precision_eval", t)
 
     out_parent = out.parent if str(out.parent) else Path(".")
@@ -248,6 +235,7 @@ def _train(
             "index": {**spec.to_json(), "tried": [s.to_json() for s in tried]},
             "training": {
                 "device": devices.describe(dev), "torch_threads": torch.get_num_threads(),
+                "omp_wait_policy": threads.wait_policy(),
                 "seconds": timings, "config": {
                     k: v for k, v in cfg.__dict__.items() if k != "progress"},
                 "two_tower": tt_stats, "dlrm": dl_stats,
