@@ -104,6 +104,15 @@ def pq_subquantizers(d: int) -> int:
     return d + d % 2
 
 
+def _untrained_ivf(kind: str, d: int, nlist: int) -> faiss.Index:
+    """An empty IVF index of ``kind`` (inner product) whose coarse quantizer is an IndexFlatIP."""
+    if kind == "ivf":
+        return faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, nlist, faiss.METRIC_INNER_PRODUCT)
+    if kind == "ivfsq8":
+        return faiss.index_factory(d, f"IVF{nlist},SQ8", faiss.METRIC_INNER_PRODUCT)
+    return faiss.index_factory(d, f"IVF{nlist},PQ{pq_subquantizers(d)}x4fs,RFlat", faiss.METRIC_INNER_PRODUCT)
+
+
 def _train_ivf(index: faiss.Index, x: np.ndarray, nlist: int, seed: int) -> None:
     ivf = faiss.extract_index_ivf(index)
     ivf.cp.seed = seed
@@ -123,9 +132,9 @@ def train_centroids(embeddings: np.ndarray, seed: int = 0) -> np.ndarray:
     x = np.ascontiguousarray(embeddings, dtype=np.float32)
     n, d = x.shape
     nlist = default_nlist(n)
-    index = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, nlist, faiss.METRIC_INNER_PRODUCT)
+    index = _untrained_ivf("ivf", d, nlist)
     _train_ivf(index, x, nlist, seed)
-    quantizer = index.quantizer
+    quantizer = faiss.extract_index_ivf(index).quantizer
     return np.asarray(quantizer.reconstruct_n(0, quantizer.ntotal), dtype=np.float32)
 
 
@@ -142,12 +151,7 @@ def build(
         return index, 0
     if kind in IVF_KINDS:
         nlist = default_nlist(n)
-        if kind == "ivf":
-            index = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, nlist, faiss.METRIC_INNER_PRODUCT)
-        elif kind == "ivfsq8":
-            index = faiss.index_factory(d, f"IVF{nlist},SQ8", faiss.METRIC_INNER_PRODUCT)
-        else:
-            index = faiss.index_factory(d, f"IVF{nlist},PQ{pq_subquantizers(d)}x4fs,RFlat", faiss.METRIC_INNER_PRODUCT)
+        index = _untrained_ivf(kind, d, nlist)
         if centroids is not None:
             if centroids.shape != (nlist, d):
                 raise ValueError(f"centroids are {centroids.shape}, this build needs ({nlist}, {d})")
