@@ -24,8 +24,9 @@ from recpipe.features.history import RowCounts
 from recpipe.ranking.model import DLRM, DLRMConfig, SparseArch
 from recpipe.retrieval.config import TwoTowerConfig
 from recpipe.retrieval.model import TwoTower
-from recpipe.training import heap, tables
+from recpipe.training import fixed_tables, heap, tables
 from recpipe.training.config import TrainConfig
+from recpipe.training.fixed_tables import FixedTableForward
 from recpipe.training.metrics import auc
 from recpipe.training.progress import Progress, batches
 
@@ -244,11 +245,20 @@ def train_dlrm(
     # a leaf table too sparse itself is zeroed like the others, so it is not started from exposure
     exposed = tables.exposure_init(fused.weight, core, names, fused.offsets.tolist(), users[:fit], items[:fit]) \
         if cfg.ranking_exposure_init and tables.EXPOSURE_COLUMN not in frozen_names else None
-    hook = tables.freeze(fused.weight, tables.row_mask(model.config.table_sizes, frozen)) if frozen else None
+    # tables that do not learn (rate 0) take no gradient; with the dot interaction the step then skips
+    # every table-table dot's backward (recpipe/training/fixed_tables.py)
+    fixed = cfg.ranking_embedding_lr == 0
+    mask = tables.row_mask(model.config.table_sizes, frozen) if frozen else None
+    hook = None if mask is None else tables.zero_rows(fused.weight, mask, keep=not fixed)
     bottom_params, other_params, table_params = _split_params(model)
     groups: list[dict[str, Any]] = [{"params": other_params},
-                                    {"params": bottom_params, "lr": cfg.ranking_bottom_lr},
-                                    {"params": table_params, "lr": cfg.ranking_embedding_lr}]
+                                    {"params": bottom_params, "lr": cfg.ranking_bottom_lr}]
+    if fixed:
+        for p in table_params:
+            p.requires_grad_(False)
+    else:
+        groups.append({"params": table_params, "lr": cfg.ranking_embedding_lr})
+    forward = FixedTableForward(model) if fixed and fixed_tables.applies(model) else model
     opts = [torch.optim.Adam(groups, lr=cfg.ranking_lr, fused=True)]
     epochs = max(1, min(cfg.ranking_epochs, cfg.ranking_row_budget // max(1, len(rows))))
     val = np.arange(fit, len(labels))
@@ -278,7 +288,7 @@ def train_dlrm(
                 y = _t(labels[r].astype(np.float32), device)
                 w = _t(weights[idx], device)
                 with dlrm_autocast(device):
-                    logits = model(_t(dense, device), _t(sparse, device))
+                    logits = forward(_t(dense, device), _t(sparse, device))
                 loss = (F.binary_cross_entropy_with_logits(logits.float(), y, reduction="none") * w).sum() / w.sum()
                 loss_value = _step(opts, loss)
                 schedule.step()
@@ -299,6 +309,8 @@ def train_dlrm(
                 break
     if hook is not None:
         hook.remove()
+    for p in table_params:
+        p.requires_grad_(True)
     if best is not None:
         model.load_state_dict(best)
     model.eval()
@@ -309,7 +321,7 @@ def train_dlrm(
         "validation_seconds": round(check_s, 3), "rows": float(n), "rows_per_s": n / max(fit_s, 1e-9),
         "epoch": best_epoch, "epochs_run": len(history), "epochs_max": epochs,
         "train_auc": chosen["train_auc"], "val_auc": chosen["val_auc"], "val_rows": len(val),
-        "frozen_tables": frozen_names, "exposure_table": exposed,
+        "frozen_tables": frozen_names, "exposure_table": exposed, "tables_learn": not fixed,
         "history": history,
     }
 

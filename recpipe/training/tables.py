@@ -44,13 +44,14 @@ def row_mask(table_sizes: Sequence[int], frozen: Sequence[int]) -> torch.Tensor:
     return torch.cat(parts)
 
 
-def freeze(weight: torch.nn.Parameter, mask: torch.Tensor) -> torch.utils.hooks.RemovableHandle:
-    """Zero the masked rows of the fused table and keep them there: their gradient is masked too, so
-    Adam's moments for them stay 0 and its step is 0. Returns the hook's handle."""
+def zero_rows(weight: torch.nn.Parameter, mask: torch.Tensor, keep: bool = True) -> torch.utils.hooks.RemovableHandle | None:
+    """Zero the masked rows of the fused table. With ``keep``, keep them there while the table learns:
+    their gradient is masked too, so Adam's moments for them stay 0 and its step is 0; returns the
+    hook's handle (None without ``keep``: a table that takes no gradient needs no hook)."""
     mask = mask.to(weight.device, weight.dtype)
     with torch.no_grad():
         weight.mul_(mask)
-    return weight.register_hook(lambda grad: grad * mask)
+    return weight.register_hook(lambda grad: grad * mask) if keep else None
 
 
 def exposure_vectors(user_rows: np.ndarray, users: np.ndarray, shown: np.ndarray, size: int, dim: int) -> np.ndarray:

@@ -127,6 +127,47 @@ def test_dlrm_keeps_the_best_validation_epoch_or_else_the_last(small_models: Pat
     assert TrainConfig(interaction="dcn", ranking_val_fraction=0.0).val_fraction == 0.0
 
 
+def test_dlrm_tables_fixed_by_default_train_as_the_plain_forward_would(small_models: Path, small_dataset: Path,
+                                                                      monkeypatch) -> None:
+    import torch
+
+    from recpipe.features.core import FeatureCore
+    from recpipe.ranking.model import DLRM
+    from recpipe.training import fixed_tables, loops
+    from recpipe.training.config import TrainConfig
+
+    core = FeatureCore.load(small_models, small_dataset)
+    rng = np.random.default_rng(4)
+    n = 2000
+    users, items = rng.integers(0, core.num_users, n), rng.integers(0, core.num_items, n)
+    labels = (rng.random(n) < 0.3).astype(np.int64)
+    counts = core.training_counts(pl.DataFrame({"user_id": users, "item_id": items, "label": labels,
+                                                "timestamp": np.arange(n)}))
+    cfg = TrainConfig(epochs=2, min_steps=10)
+    assert cfg.ranking_embedding_lr == 0.0
+    torch.manual_seed(cfg.seed)
+    start = DLRM(loops.dlrm_config(core, cfg)).sparse_arch.tables.weight.detach().clone()
+    fast, stats = loops.train_dlrm(core, users, items, labels, counts, cfg, torch.device("cpu"))
+    assert stats["tables_learn"] is False
+    table = fast.sparse_arch.tables.weight
+    assert table.requires_grad  # put back for whoever fine-tunes the model next
+    # the tables keep their start: every table's rows as drawn, but the zeroed and exposure-initialised ones
+    names = core.preprocessor.sparse_names("users") + core.preprocessor.sparse_names("items")
+    offsets = [*fast.sparse_arch.tables.offsets.tolist(), table.shape[0]]
+    changed = set(stats["frozen_tables"]) | {stats["exposure_table"]}
+    kept = [t for t, name in enumerate(names) if name not in changed]
+    assert kept
+    for t in kept:
+        assert torch.equal(table[offsets[t] : offsets[t + 1]], start[offsets[t] : offsets[t + 1]]), names[t]
+    # the same training through the model's own forward (the table-table dots' backward included)
+    monkeypatch.setattr(fixed_tables, "applies", lambda model: False)
+    plain, again = loops.train_dlrm(core, users, items, labels, counts, cfg, torch.device("cpu"))
+    assert again["tables_learn"] is False
+    for (name, a), (_, b) in zip(fast.state_dict().items(), plain.state_dict().items(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
+    assert [h["loss"] for h in stats["history"]] == pytest.approx([h["loss"] for h in again["history"]], abs=1e-4)
+
+
 def test_refuses_to_overwrite_without_force(small_models: Path, small_dataset: Path, capsys) -> None:
     before = (small_models / "manifest.json").read_bytes()
     assert main(["train", "--data", str(small_dataset), "--out", str(small_models), "--quiet"]) == 2

@@ -24,7 +24,8 @@ def test_frozen_rows_stay_zero_under_adam_and_the_rest_learn() -> None:
     sizes = (3, 4, 5)
     weight = torch.nn.Parameter(torch.randn(sum(sizes), 2))
     before = weight.detach().clone()
-    handle = tables.freeze(weight, tables.row_mask(sizes, [1]))
+    handle = tables.zero_rows(weight, tables.row_mask(sizes, [1]))
+    assert handle is not None
     opt = torch.optim.Adam([weight], lr=0.1)
     for _ in range(3):
         opt.zero_grad()
@@ -34,6 +35,14 @@ def test_frozen_rows_stay_zero_under_adam_and_the_rest_learn() -> None:
     assert torch.count_nonzero(weight[3:7]) == 0  # table 1: zeroed at the start and never moved
     assert not torch.equal(weight[:3], before[:3]) and not torch.equal(weight[7:], before[7:])
     handle.remove()
+
+
+def test_zero_rows_without_keep_zeroes_and_hooks_nothing() -> None:
+    weight = torch.nn.Parameter(torch.ones(5, 2))
+    assert tables.zero_rows(weight, tables.row_mask((2, 3), [0]), keep=False) is None
+    assert torch.count_nonzero(weight[:2]) == 0 and torch.equal(weight[2:], torch.ones(3, 2))
+    (weight * 2).sum().backward()  # no hook: the zeroed rows' gradient is not masked
+    assert torch.equal(weight.grad, torch.full((5, 2), 2.0))
 
 
 def test_exposure_vectors_recover_what_each_id_was_shown_with() -> None:
