@@ -26,7 +26,6 @@ from recpipe.retrieval.config import TwoTowerConfig
 from recpipe.retrieval.model import TwoTower
 from recpipe.training import fixed_tables, heap, tables
 from recpipe.training.config import TrainConfig
-from recpipe.training.fixed_tables import FixedTableForward
 from recpipe.training.metrics import auc
 from recpipe.training.progress import Progress, batches
 
@@ -258,7 +257,7 @@ def train_dlrm(
             p.requires_grad_(False)
     else:
         groups.append({"params": table_params, "lr": cfg.ranking_embedding_lr})
-    forward = FixedTableForward(model) if fixed and fixed_tables.applies(model) else model
+    forward = fixed_tables.FixedTableForward(model) if fixed and fixed_tables.applies(model) else model
     opts = [torch.optim.Adam(groups, lr=cfg.ranking_lr, fused=True)]
     epochs = max(1, min(cfg.ranking_epochs, cfg.ranking_row_budget // max(1, len(rows))))
     val = np.arange(fit, len(labels))

@@ -5,14 +5,16 @@ its shape; only the weights differ):
 
 - **Tables too sparse to learn stay at zero.** A table with fewer than ``min_rows_per_id`` training
   rows per embedding row (an epoch's rows over its vocabulary size) sees each id a handful of times: it
-  can only memorise those rows' labels. Such tables start at zero and their gradient is masked, so
-  every pairwise dot they take part in is 0 and the top MLP gets no noise from them. On the scale-0.1
-  data this kept held-out AUC rising for 4 epochs instead of 2 (BENCHMARKS.md, issue 23).
+  can only memorise those rows' labels. Such tables start at zero (and, when the tables learn, their
+  gradient is masked), so every pairwise dot they take part in is 0 and the top MLP gets no noise
+  from them. On the scale-0.1 data this kept held-out AUC rising for 4 epochs instead of 2
+  (BENCHMARKS.md, issue 23).
 - **The leaf-category table starts from exposure.** Who is shown a category says what its items are
   like: the mean encoded continuous row of the users each leaf category was shown to in the training
   split (impressions, not clicks: no label is read), reduced by a weighted PCA to the embedding
   width, is that table's initial value. Its dot with the user's bottom-MLP vector then only has to
-  learn a linear map, where a random start has to learn 1000 vectors at the slow table learning rate.
+  learn a linear map, where a random start would have to learn 1000 vectors (and by default the
+  tables keep their start: ``TrainConfig.ranking_embedding_lr``, ``fixed_tables``).
 """
 
 from __future__ import annotations
