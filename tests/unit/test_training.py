@@ -90,20 +90,14 @@ def test_repository_contract(small_models: Path, small_dataset: Path) -> None:
     assert [h["epoch"] for h in training["dlrm"]["history"]] == [1]
 
 
-def test_dlrm_keeps_the_best_validation_epoch_or_else_the_last(small_models: Path, small_dataset: Path) -> None:
+def test_dlrm_keeps_the_best_validation_epoch_or_else_the_last(noise_rows: Any) -> None:
     import torch
 
-    from recpipe.features.core import FeatureCore
     from recpipe.training import loops
     from recpipe.training.config import TrainConfig
 
-    core = FeatureCore.load(small_models, small_dataset)
-    rng = np.random.default_rng(3)
     n = 3000
-    users, items = rng.integers(0, core.num_users, n), rng.integers(0, core.num_items, n)
-    labels = (rng.random(n) < 0.3).astype(np.int64)  # pure noise: any epoch after the first only memorises it
-    counts = core.training_counts(pl.DataFrame({"user_id": users, "item_id": items, "label": labels,
-                                                "timestamp": np.arange(n)}))
+    core, users, items, labels, counts = noise_rows(n, 3)  # pure noise: any epoch after the first only memorises it
     cfg = TrainConfig(epochs=6, min_steps=20, ranking_embedding_lr=2e-2, ranking_lr=2e-2, ranking_val_fraction=0.1)
     model, stats = loops.train_dlrm(core, users, items, labels, counts, cfg, torch.device("cpu"))
     history = stats["history"]
@@ -127,22 +121,15 @@ def test_dlrm_keeps_the_best_validation_epoch_or_else_the_last(small_models: Pat
     assert TrainConfig(interaction="dcn", ranking_val_fraction=0.0).val_fraction == 0.0
 
 
-def test_dlrm_tables_fixed_by_default_train_as_the_plain_forward_would(small_models: Path, small_dataset: Path,
-                                                                      monkeypatch) -> None:
+def test_dlrm_tables_fixed_by_default_train_as_the_plain_forward_would(noise_rows: Any, monkeypatch) -> None:
     import torch
 
-    from recpipe.features.core import FeatureCore
     from recpipe.ranking.model import DLRM
     from recpipe.training import fixed_tables, loops
     from recpipe.training.config import TrainConfig
 
-    core = FeatureCore.load(small_models, small_dataset)
-    rng = np.random.default_rng(4)
     n = 2000
-    users, items = rng.integers(0, core.num_users, n), rng.integers(0, core.num_items, n)
-    labels = (rng.random(n) < 0.3).astype(np.int64)
-    counts = core.training_counts(pl.DataFrame({"user_id": users, "item_id": items, "label": labels,
-                                                "timestamp": np.arange(n)}))
+    core, users, items, labels, counts = noise_rows(n, 4)
     cfg = TrainConfig(epochs=2, min_steps=10)
     assert cfg.ranking_embedding_lr == 0.0
     torch.manual_seed(cfg.seed)

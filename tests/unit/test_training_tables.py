@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
+from typing import Any
 
 import numpy as np
-import polars as pl
 import pytest
 import torch
 
@@ -71,18 +70,12 @@ def test_exposure_vectors_recover_what_each_id_was_shown_with() -> None:
     assert not wide[:, 6:].any() and wide[:, :6].any()
 
 
-def test_train_dlrm_reports_and_keeps_its_table_start(small_models: Path, small_dataset: Path) -> None:
-    from recpipe.features.core import FeatureCore
+def test_train_dlrm_reports_and_keeps_its_table_start(noise_rows: Any) -> None:
     from recpipe.training import loops
     from recpipe.training.config import TrainConfig
 
-    core = FeatureCore.load(small_models, small_dataset)
-    rng = np.random.default_rng(5)
     n = 4000
-    users, items = rng.integers(0, core.num_users, n), rng.integers(0, core.num_items, n)
-    labels = (rng.random(n) < 0.3).astype(np.int64)
-    counts = core.training_counts(pl.DataFrame({"user_id": users, "item_id": items, "label": labels,
-                                                "timestamp": np.arange(n)}))
+    core, users, items, labels, counts = noise_rows(n, 5)
     cfg = TrainConfig(epochs=2, min_steps=10, ranking_min_rows_per_id=3.0)
     model, stats = loops.train_dlrm(core, users, items, labels, counts, cfg, torch.device("cpu"))
     names = core.preprocessor.sparse_names("users") + core.preprocessor.sparse_names("items")
