@@ -22,23 +22,18 @@ from torch import nn
 
 from recpipe.ranking.model import DLRM, InteractionArch
 
-#: the dense vectors in front of the table vectors in the interaction (user, item)
-DENSE_VECTORS = 2
-
 
 def applies(model: DLRM) -> bool:
-    """Whether the split forward can stand in for ``model``'s: the dot interaction, a top MLP whose
-    first layer is linear, and at least one table."""
-    first = model.over_arch.model[0]
-    return isinstance(model.interaction, InteractionArch) and isinstance(first, nn.Linear) \
-        and model.config.num_tables > 0
+    """Whether the split forward can stand in for ``model``'s: the dot interaction and a top MLP whose
+    first layer is linear (``DLRMConfig`` already requires at least one table)."""
+    return isinstance(model.interaction, InteractionArch) and isinstance(model.over_arch.model[0], nn.Linear)
 
 
 class FixedTableForward:
     """``model``'s training forward with the table vectors treated as constants.
 
     The interaction's output is laid out as [dense vectors | dots (i, j), i < j, row-major]. The pairs
-    with i < 2 (a dense vector on the left) come first, then the table-table pairs, whose row-major
+    with i < g (a dense vector on the left) come first, then the table-table pairs, whose row-major
     order is the table vectors' own upper triangle; so the first layer's weight splits into the
     columns that see a learning input and the columns that see a constant one.
     """
@@ -47,12 +42,12 @@ class FixedTableForward:
         if not applies(model):
             raise ValueError("the fixed-table forward needs the dot interaction and a linear first top layer")
         self.model = model
-        g, n, d = DENSE_VECTORS, model.config.num_vectors, model.config.embedding_dim
+        n, f, d = model.config.num_vectors, model.config.num_tables, model.config.embedding_dim
+        g = n - f  # the dense vectors (user, item) in front of the table vectors
         device = next(model.parameters()).device
         # the learning dots: rows 0..g-1 of the (g, n) block of dense-vector dots, right of the diagonal
         rows, cols = torch.triu_indices(g, n, offset=1)
         self.live = (rows * n + cols).to(device)
-        f = n - g
         rows, cols = torch.triu_indices(f, f, offset=1)
         self.fixed = (rows * f + cols).to(device)
         self.split = g * d + len(self.live)  # first-layer columns fed by learning inputs
