@@ -225,9 +225,12 @@ def train_dlrm(
     cfg: TrainConfig, device: torch.device,
 ) -> tuple[DLRM, dict[str, Any]]:
     """Train on the training rows in time order, less the latest ``cfg.val_fraction`` of them,
-    which choose the epoch: training stops after the first epoch that does not raise their AUC, and
-    the best epoch's weights are kept. With no validation rows every planned epoch runs and the last
-    is kept (its validation AUCs are None). Returns the model and its stats (per-epoch AUCs included)."""
+    which choose the epoch. Each epoch takes every positive and a sample of the negatives
+    (``sample_ranking_rows``); where the row cap leaves negatives out, each epoch draws its own
+    (``cfg.ranking_fresh_negatives``). With validation rows, training stops after the first epoch that
+    does not raise their AUC, and the best epoch's weights are kept. With none, every planned epoch
+    runs and the last is kept (its validation AUCs are None). Returns the model and its stats
+    (per-epoch AUCs included)."""
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed + 1)
     model = DLRM(dlrm_config(core, cfg)).to(device)
@@ -269,6 +272,8 @@ def train_dlrm(
         scores = score_dlrm(model, core, users[idx], items[idx], device, counts=counts.take(idx))
         return auc(labels[idx], scores)
 
+    seen = np.zeros(fit, dtype=bool)  # the training rows any epoch used
+    seen[rows] = True
     batch = step_batch(len(rows), cfg.ranking_batch, cfg.min_steps)
     schedule = lr_schedule(opts[0], cfg.ranking_lr_schedule, epochs * -(-len(rows) // batch))
     history: list[dict[str, float | None]] = []
@@ -280,6 +285,9 @@ def train_dlrm(
     with Progress(len(rows) * epochs, "dlrm", cfg.progress) as bar, heap.kept_heap(device.type == "cpu"):
         for epoch in range(1, epochs + 1):
             t0 = time.perf_counter()
+            if epoch > 1 and cfg.ranking_fresh_negatives:  # the same positives, negatives drawn anew
+                rows, weights = sample_ranking_rows(labels[:fit], cfg, rng)
+                seen[rows] = True
             model.train()
             for idx in batches(len(rows), batch, rng):
                 r = rows[idx]
@@ -317,7 +325,8 @@ def train_dlrm(
     n = len(rows) * len(history)
     return model, {
         "loss": loss_value, "seconds": fit_s + check_s, "fit_seconds": round(fit_s, 3),
-        "validation_seconds": round(check_s, 3), "rows": float(n), "rows_per_s": n / max(fit_s, 1e-9),
+        "validation_seconds": round(check_s, 3), "rows": float(n), "rows_distinct": int(seen.sum()),
+        "rows_per_s": n / max(fit_s, 1e-9),
         "epoch": best_epoch, "epochs_run": len(history), "epochs_max": epochs,
         "train_auc": chosen["train_auc"], "val_auc": chosen["val_auc"], "val_rows": len(val),
         "frozen_tables": frozen_names, "exposure_table": exposed, "tables_learn": not fixed,

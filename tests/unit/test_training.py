@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -153,6 +154,37 @@ def test_dlrm_tables_fixed_by_default_train_as_the_plain_forward_would(noise_row
     for (name, a), (_, b) in zip(fast.state_dict().items(), plain.state_dict().items(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
     assert [h["loss"] for h in stats["history"]] == pytest.approx([h["loss"] for h in again["history"]], abs=1e-4)
+
+
+def test_dlrm_epochs_draw_their_own_negatives_where_the_cap_leaves_some_out(noise_rows: Any) -> None:
+    import torch
+
+    from recpipe.training import loops
+    from recpipe.training.config import TrainConfig
+
+    n = 2000
+    core, users, items, labels, counts = noise_rows(n, 5)
+    positives = int(labels.sum())
+    cpu = torch.device("cpu")
+    # the cap keeps every positive and 200 of the ~1,400 negatives an epoch
+    capped = TrainConfig(epochs=3, min_steps=10, max_ranking_rows=positives + 200)
+    assert capped.ranking_fresh_negatives
+    _, fresh = loops.train_dlrm(core, users, items, labels, counts, capped, cpu)
+    per_epoch = positives + 200
+    assert fresh["rows"] == 3 * per_epoch
+    # three draws of 200 from ~1,400: about 520 distinct negatives, against 200 drawn once
+    assert per_epoch + 200 < fresh["rows_distinct"] <= positives + 600
+    _, same = loops.train_dlrm(core, users, items, labels, counts,
+                               dataclasses.replace(capped, ranking_fresh_negatives=False), cpu)
+    assert same["rows_distinct"] == per_epoch
+    # where every row fits, each epoch's draw is every row: the run is the one without fresh draws
+    full = TrainConfig(epochs=2, min_steps=10)
+    a, a_stats = loops.train_dlrm(core, users, items, labels, counts, full, cpu)
+    b, _ = loops.train_dlrm(core, users, items, labels, counts,
+                            dataclasses.replace(full, ranking_fresh_negatives=False), cpu)
+    assert a_stats["rows_distinct"] == n
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
+        assert torch.equal(x, y), name
 
 
 def test_refuses_to_overwrite_without_force(small_models: Path, small_dataset: Path, capsys) -> None:
