@@ -66,8 +66,9 @@ class TrainConfig:
     #: epochs and keeps the last
     ranking_val_fraction: float | None = None
     #: DLRM rows over all epochs at most: five epochs at full scale (1M rows an epoch), for the time
-    #: budget. Held-out AUC there: 0.7912 after three, 0.7927 after five, 0.7933 after eight; five fit
-    #: the budget because a step with fixed tables takes half the time (``fixed_tables``). See
+    #: budget. Held-out AUC there (the same negatives every epoch): 0.7912 after three, 0.7927 after
+    #: five, 0.7933 after eight; with fresh negatives 0.7931 after five and 0.7933 after six. Five
+    #: fit the budget because a step with fixed tables takes half the time (``fixed_tables``). See
     #: BENCHMARKS.md, issue 23
     ranking_row_budget: int = 5_000_000
     #: where ``max_ranking_rows`` leaves negatives out (full scale: 640k of 3.2M an epoch), each epoch
