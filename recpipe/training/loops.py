@@ -226,7 +226,7 @@ def train_dlrm(
 ) -> tuple[DLRM, dict[str, Any]]:
     """Train on the training rows in time order, less the latest ``cfg.val_fraction`` of them,
     which choose the epoch. Each epoch takes every positive and a sample of the negatives
-    (``sample_ranking_rows``); where the row cap leaves negatives out, each epoch draws its own
+    (``sample_ranking_rows``); where the row cap leaves rows out, each epoch draws its own
     (``cfg.ranking_fresh_negatives``). With validation rows, training stops after the first epoch that
     does not raise their AUC, and the best epoch's weights are kept. With none, every planned epoch
     runs and the last is kept (its validation AUCs are None). Returns the model and its stats
@@ -285,7 +285,7 @@ def train_dlrm(
     with Progress(len(rows) * epochs, "dlrm", cfg.progress) as bar, heap.kept_heap(device.type == "cpu"):
         for epoch in range(1, epochs + 1):
             t0 = time.perf_counter()
-            if epoch > 1 and cfg.ranking_fresh_negatives:  # the same positives, negatives drawn anew
+            if epoch > 1 and cfg.ranking_fresh_negatives:  # a new draw of what the cap leaves out
                 rows, weights = sample_ranking_rows(labels[:fit], cfg, rng)
                 seen[rows] = True
             model.train()
