@@ -72,9 +72,10 @@ class TrainConfig:
     #: BENCHMARKS.md, issue 23
     ranking_row_budget: int = 5_000_000
     #: where ``max_ranking_rows`` leaves negatives out (full scale: 640k of 3.2M an epoch), each epoch
-    #: draws its own; the positives are the same every epoch. Five epochs at full scale then see 2.5M
-    #: distinct rows instead of 1M, at the same cost: +0.0003-0.0004 held-out AUC (two training seeds).
-    #: Where every row fits (scale 0.1) it changes nothing. BENCHMARKS.md, issue 23
+    #: draws its own; the positives are the same every epoch (unless they alone exceed the cap). Five
+    #: epochs at full scale then see 2.5M distinct rows instead of 1M, at the same cost: +0.0003-0.0004
+    #: held-out AUC (two training seeds). Where every row fits (scale 0.1) it changes nothing.
+    #: BENCHMARKS.md, issue 23
     ranking_fresh_negatives: bool = True
     #: batches shrink on small data so that an epoch has at least this many optimiser steps
     min_steps: int = 200

@@ -285,7 +285,7 @@ def train_dlrm(
     with Progress(len(rows) * epochs, "dlrm", cfg.progress) as bar, heap.kept_heap(device.type == "cpu"):
         for epoch in range(1, epochs + 1):
             t0 = time.perf_counter()
-            if epoch > 1 and cfg.ranking_fresh_negatives:  # a new draw of what the cap leaves out
+            if epoch > 1 and cfg.ranking_fresh_negatives and len(rows) < fit:  # a new draw of what the cap left out
                 rows, weights = sample_ranking_rows(labels[:fit], cfg, rng)
                 seen[rows] = True
             model.train()
