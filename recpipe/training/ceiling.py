@@ -24,8 +24,9 @@ as linear terms beside the fourth ceiling's, which is how much those inputs add 
 ``stacked`` asks the converse: what a trained model misses. On the held-out rows, it fits a logistic
 regression on the model's logit plus one term, on half of them, and scores the other half; a term
 that lifts that AUC above the logit's alone carries something the model does not. The terms dot the
-user's read-out with, in turn: the true category vector; ``v`` as read from the item's own row; that
-plus the 4 dimensions of the category vector the item's row never shows (learnable only per
+user's read-out with, in turn: the true category vector; ``v`` as read from the item's own row;
+``v`` as read from that row and the item's tag column (``TAG``, an id a model could learn a vector
+for); the item's row's read-out plus the 4 dimensions of the category vector the item's row never shows (learnable only per
 category, from clicks); that plus the same 4 dimensions of the brand vector (per brand); and the true
 ``v``. Two more swap the user's side: the true ``u`` dotted with ``v`` as read from the item's row
 (what a perfect view of the user would add), and the user's own history vector. The last three are
@@ -52,6 +53,8 @@ if TYPE_CHECKING:
 USER_SIGNALS = tuple(f"u_cont_{j:02d}" for j in range(8, 40))
 ITEM_SIGNALS = tuple(f"i_cont_{j:02d}" for j in range(8, 20))
 RATINGS = ("i_cont_02", "i_cont_07")
+#: the item column that is the argmax of its latent vector over random directions (for 60% of items)
+TAG = "i_cat_15"
 
 
 def _columns(frame: pl.DataFrame, names: tuple[str, ...]) -> np.ndarray:
@@ -111,6 +114,10 @@ class Latents:
         self.v_row = read_out(item_rest, self.v - self.v_cat)
         #: v as read from the item's own signal columns alone (12 noisy projections of its 16 dimensions)
         self.v_obs = read_out(signals, self.v)
+        #: ... and from its tag as well (``TAG``: for most items the nearest of a few random directions in
+        #: the latent space, so it says a little about the brand and the item's own noise too)
+        tag = items[TAG].to_numpy().astype(np.int64)
+        self.v_tagged = read_out(np.concatenate([signals, np.eye(int(tag.max()) + 1)[tag]], axis=1), self.v)
         proj = p.item_proj.astype(np.float64)
         #: projects a vector onto the 4 dimensions the item's signal columns never show
         self.hidden = np.eye(proj.shape[0]) - proj @ np.linalg.pinv(proj)
@@ -212,6 +219,7 @@ def stacked(world: World, users: pl.DataFrame, items: pl.DataFrame, train: pl.Da
     terms = {
         "+ u_seen . true category vector": dot(u_seen, lat.v_cat[its]),
         "+ u_seen . v read from the item's row": dot(u_seen, v_obs),
+        "+ u_seen . v read from the item's row and tag": dot(u_seen, lat.v_tagged[its]),
         "+ u_seen . (that + category's hidden dims)": dot(u_seen, v_obs + cat_hidden),
         "+ u_seen . (that + brand's hidden dims)": dot(u_seen, v_obs + cat_hidden + brand_hidden),
         "+ u_seen . v": dot(u_seen, lat.v[its]),

@@ -259,6 +259,7 @@ def test_diagnose_reproduces_the_oracle_and_splits_the_logit(small_models: Path,
     assert "what the features allow" in out and "+ category vector only" in out and "the DLRM" in out
     assert "DLRM dense inputs" in out
     assert "what the DLRM misses" in out and "leaf's history vector" in out and "brand's hidden dims" in out
+    assert "row and tag" in out
 
 
 @pytest.fixture(scope="module")
@@ -290,7 +291,7 @@ def test_stacking_finds_what_a_model_misses(hidden_world) -> None:
     partial = stacked(world, users, items, train, hold, quality)
     assert partial["+ u_seen . v"] > partial["the model"] + 0.03, partial
     full = stacked(world, users, items, train, hold, truth)
-    assert list(full) == list(partial) and len(full) == 10, full
+    assert list(full) == list(partial) and len(full) == 11, full
     # on the truth no term adds anything, the true u and the history vectors included (2,000 held-out
     # rows: halves of 1,000 move the AUC by up to ~0.007 by chance)
     assert all(abs(value - full["the model"]) < 0.01 for value in full.values()), full
