@@ -7,6 +7,10 @@
 ``interaction="dcn"`` replaces the pairwise dots with DCNv2 low-rank cross layers over the N
 concatenated vectors (``DCNInteractionArch``, (B, N*D) out), the interaction of MLPerf's DLRM-v2.
 
+``wide_table`` adds a wide part beside that deep one (``WideArch``, wide & deep): a logistic
+regression on the explicit products of the user's dense row with the item's dense row and with one
+table's vector, added to the top MLP's logit.
+
 One difference from the textbook DLRM: the user's and the item's dense features get a bottom MLP
 each, so they meet in a dot product in the interaction. A single bottom MLP over the concatenation
 would have to learn the user-latent x item-latent product with ReLUs, which it does poorly (the
@@ -47,6 +51,12 @@ class DLRMConfig:
     interaction: str = "dot"
     dcn_layers: int = 3
     dcn_rank: int = 64
+    #: the wide part (``WideArch``): the table whose vector it multiplies with the user's dense
+    #: columns, None for no wide part; and the [start, stop) ranges of the user's and the item's dense
+    #: columns whose products it weighs
+    wide_table: int | None = None
+    wide_user_columns: tuple[int, int] = (0, 0)
+    wide_item_columns: tuple[int, int] = (0, 0)
 
     def __post_init__(self) -> None:
         if not self.table_sizes or min(self.table_sizes) < 1:
@@ -57,6 +67,13 @@ class DLRMConfig:
             raise ValueError(f"interaction must be one of {', '.join(INTERACTIONS)}, got {self.interaction!r}")
         if self.dcn_layers < 1 or self.dcn_rank < 1:
             raise ValueError("dcn_layers and dcn_rank must be >= 1")
+        if self.wide_table is not None:
+            if not 0 <= self.wide_table < len(self.table_sizes):
+                raise ValueError(f"wide_table must be a table index in [0, {len(self.table_sizes)}), got {self.wide_table}")
+            for name, (start, stop), dim in (("wide_user_columns", self.wide_user_columns, self.user_dense_dim),
+                                             ("wide_item_columns", self.wide_item_columns, self.item_dense_dim)):
+                if not 0 <= start < stop <= dim:
+                    raise ValueError(f"{name} must be a range [start, stop) within [0, {dim}], got ({start}, {stop})")
 
     @property
     def dense_dim(self) -> int:
@@ -93,9 +110,18 @@ class DLRMConfig:
                 interaction=str(data.get("interaction", "dot")),
                 dcn_layers=int(data.get("dcn_layers", 3)),
                 dcn_rank=int(data.get("dcn_rank", 64)),
+                # ... and before the wide part, none
+                wide_table=None if data.get("wide_table") is None else int(data["wide_table"]),
+                wide_user_columns=_column_range(data.get("wide_user_columns", (0, 0))),
+                wide_item_columns=_column_range(data.get("wide_item_columns", (0, 0))),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ArtifactMismatch(f"{source}: malformed DLRM config ({e!r})") from None
+
+
+def _column_range(value: Any) -> tuple[int, int]:
+    start, stop = (int(x) for x in value)
+    return start, stop
 
 
 class DenseArch(nn.Module):
@@ -202,6 +228,47 @@ class DCNInteractionArch(nn.Module):
         return self.crossnet(torch.cat([dense, sparse], dim=1).flatten(1))
 
 
+class WideArch(nn.Module):
+    """The wide part of a wide & deep model: a logistic regression on explicit products.
+
+    user dense x_u (B, Du), item dense x_i (B, Di), one table's vector e (B, D) -> (B,) logits
+
+        p_u^T A p_i + p_u^T B e + c_u . x_u + c_i . x_i + b
+
+    where p_u and p_i are ranges of the dense columns (``DLRMConfig.wide_user_columns``, ...). Every
+    product of a user column with an item column gets its own weight, where the deep part's user-item
+    dot is one rank-D bilinear form shared with every other dot the two dense vectors take part in.
+    It starts at zero (the deep part alone). ``user`` is what depends on the user alone, so a request
+    computes it once for all of its candidates; ``item`` finishes it per candidate.
+    """
+
+    def __init__(self, config: DLRMConfig) -> None:
+        super().__init__()
+        self.user_columns, self.item_columns = config.wide_user_columns, config.wide_item_columns
+        pu = self.user_columns[1] - self.user_columns[0]
+        pi = self.item_columns[1] - self.item_columns[0]
+        self.user_item = nn.Linear(pu, pi, bias=False)  # p_u -> A^T p_u
+        self.user_table = nn.Linear(pu, config.embedding_dim, bias=False)  # p_u -> B^T p_u
+        self.user_linear = nn.Linear(config.user_dense_dim, 1)  # c_u . x_u + b
+        self.item_linear = nn.Linear(config.item_dense_dim, 1, bias=False)  # c_i . x_i
+        for p in self.parameters():
+            nn.init.zeros_(p)
+
+    def user(self, xu: torch.Tensor) -> torch.Tensor:
+        """(B, Du) -> (B, Pi + D + 1): [A^T p_u, B^T p_u, c_u . x_u + b]."""
+        pu = xu[:, self.user_columns[0] : self.user_columns[1]]
+        return torch.cat([self.user_item(pu), self.user_table(pu), self.user_linear(xu)], dim=1)
+
+    def item(self, user_part: torch.Tensor, xi: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        """``user``'s rows (N or 1, Pi + D + 1), one per candidate or one for all, xi (N, Di), e (N, D) -> (N,)."""
+        pi = xi[:, self.item_columns[0] : self.item_columns[1]]
+        products = (user_part[:, :-1] * torch.cat([pi, e], dim=1)).sum(-1)
+        return products + user_part[:, -1] + self.item_linear(xi).squeeze(-1)
+
+    def forward(self, xu: torch.Tensor, xi: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        return self.item(self.user(xu), xi, e)
+
+
 class OverArch(nn.Module):
     """Top MLP: (B, in) -> (B,) logits."""
 
@@ -229,8 +296,13 @@ class DLRM(nn.Module):
             else InteractionArch(n)
         )
         self.over_arch = OverArch(config.over_in_dim, config.top_dims)
+        self.wide = None if config.wide_table is None else WideArch(config)
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
         du = self.config.user_dense_dim
         vectors = torch.stack([self.user_dense_arch(dense[:, :du]), self.item_dense_arch(dense[:, du:])], dim=1)
-        return self.over_arch(self.interaction(vectors, self.sparse_arch(sparse)))
+        tables = self.sparse_arch(sparse)
+        logits = self.over_arch(self.interaction(vectors, tables))
+        if self.wide is not None:
+            logits = logits + self.wide(dense[:, :du], dense[:, du:], tables[:, self.config.wide_table])
+        return logits

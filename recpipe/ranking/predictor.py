@@ -4,8 +4,9 @@
 between two user-side vectors (the user's dense vector and its 44 embeddings: 990 of the 1891 pairs)
 is the same for all k candidates, and so is its contribution to the first layer of the top MLP. That
 part is computed once per request; per candidate only the pairs that involve an item-side vector are
-computed and multiplied by their columns of the first layer. The result equals ``model(dense, sparse)``
-up to float rounding (checked by the tests), at about half the cost.
+computed and multiplied by their columns of the first layer. The wide part, when the model has one,
+splits the same way (``WideArch.user`` once per user, ``WideArch.item`` per candidate). The result
+equals ``model(dense, sparse)`` up to float rounding (checked by the tests), at about half the cost.
 
 ``score_batch`` on a CUDA device replays a CUDA graph per bucketed (users, candidates) shape
 (``recpipe.accel.cuda_graphs``): the inputs are padded with zeros up to the bucket in pinned host buffers,
@@ -27,7 +28,7 @@ from recpipe.accel.cuda_graphs import GraphRunner, bucket
 from recpipe.accel.transfer import DeviceIO
 from recpipe.nn import FusedEmbedding
 from recpipe.ranking import precision as precisions
-from recpipe.ranking.model import DLRM, SparseArch
+from recpipe.ranking.model import DLRM, SparseArch, WideArch
 
 _log = logging.getLogger(__name__)
 
@@ -160,6 +161,26 @@ def _vector_order(model: DLRM, num_user_tables: int) -> tuple[list[int], list[in
     return [0, *range(2, 2 + num_user_tables)], [1, *range(2 + num_user_tables, n)]
 
 
+def _wide_item(model: DLRM, num_user_tables: int) -> int:
+    """The wide part's table among the item tables (-1: no wide part); it must be an item table, whose
+    vector the factorised forward looks up per candidate."""
+    table = model.config.wide_table
+    if table is None:
+        return -1
+    if table < num_user_tables:
+        raise ValueError(f"the wide part's table ({table}) must be an item table (from {num_user_tables})")
+    return table - num_user_tables
+
+
+def _wide_logits(wide: WideArch, column: int, ud: torch.Tensor, idn: torch.Tensor, item_emb: torch.Tensor,
+                 seg: torch.Tensor | None) -> torch.Tensor:
+    """(N,) the wide part's logits: its user part once per user, then per candidate."""
+    user_part = wide.user(ud)  # (B, Pi + D + 1)
+    if seg is not None:
+        user_part = user_part.index_select(0, seg)
+    return wide.item(user_part, idn, item_emb[:, column])
+
+
 def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
     layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
     with torch.no_grad():
@@ -232,6 +253,8 @@ class _UserSplit(nn.Module):
         self.register_buffer("user_src", torch.tensor(user_src, dtype=torch.long), persistent=False)
         self.u_tab = num_user_tables
         self.rest = model.over_arch.model[1:]
+        self.wide = model.wide
+        self.wide_item = _wide_item(model, num_user_tables)
         #: How items meet their user's vectors when B > 1: a per-item gather + batched matmul (static
         #: shapes, what CUDA graphs need; padded rows break the per-user runs) or one matmul per user over
         #: its contiguous items (far cheaper on a CPU). Both give the same scores.
@@ -266,7 +289,10 @@ class _UserSplit(nn.Module):
             h_user = h0.index_select(0, seg)
         vv = torch.bmm(v, v.transpose(1, 2)).flatten(1)  # (N, ni*ni)
         h = h_user + self.item_vec_first(item_vec) + self.item_user_first(vu) + self.item_item_first(vv)  # (N, H)
-        return self.rest(h).squeeze(-1)
+        logits = self.rest(h).squeeze(-1)
+        if self.wide is not None:
+            logits = logits + _wide_logits(self.wide, self.wide_item, ud.to(dtype), idn.to(dtype), item_emb, seg)
+        return logits
 
 
 class _DcnUserSplit(nn.Module):
@@ -308,6 +334,8 @@ class _DcnUserSplit(nn.Module):
                                  *list(model.over_arch.model)[1:])
         self.u_tab = num_user_tables
         self.gather_segments = True  # the same answer either way here: one gather of the user rows
+        self.wide = model.wide
+        self.wide_item = _wide_item(model, num_user_tables)
 
     def forward(
         self, ud: torch.Tensor, us: torch.Tensor, idn: torch.Tensor, isp: torch.Tensor, seg: torch.Tensor | None
@@ -331,4 +359,7 @@ class _DcnUserSplit(nn.Module):
         x = x0 * self.w[0](pu + self.v0_item(xi)) + x0
         for v, w in zip(self.v, self.w[1:], strict=True):
             x = x0 * w(v(x)) + x
-        return self.top(x).squeeze(-1)
+        logits = self.top(x).squeeze(-1)
+        if self.wide is not None:
+            logits = logits + _wide_logits(self.wide, self.wide_item, ud.to(dtype), idn.to(dtype), item_emb, seg)
+        return logits

@@ -2,23 +2,29 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
 
-from recpipe.errors import UsageError
+from recpipe.errors import ArtifactMismatch, UsageError
 from recpipe.ranking import precision
 from recpipe.ranking.model import DLRM, DLRMConfig, LowRankCrossNet
 from recpipe.ranking.predictor import Predictor, user_split
 
 SIZES = (7, 3, 11, 5, 2, 9)  # 4 "user" + 2 "item" tables
+#: a wide part over the products of user dense columns 1-3 with item dense columns 0-2 and the last table
+WIDE = {"wide_table": 5, "wide_user_columns": (1, 4), "wide_item_columns": (0, 3)}
 
 
-def model_with(interaction: str, seed: int = 0) -> DLRM:
+def model_with(interaction: str, seed: int = 0, wide: bool = False) -> DLRM:
     torch.manual_seed(seed)
     model = DLRM(DLRMConfig(user_dense_dim=5, item_dense_dim=4, table_sizes=SIZES, embedding_dim=8,
-                            bottom_dims=(16,), top_dims=(32, 8), interaction=interaction, dcn_layers=2, dcn_rank=6))
-    with torch.no_grad():  # trained-looking weights: the cross layers' zero-initialised biases are not zero
+                            bottom_dims=(16,), top_dims=(32, 8), interaction=interaction, dcn_layers=2, dcn_rank=6,
+                            **WIDE if wide else {}))
+    # trained-looking weights: the cross layers' zero-initialised biases and the wide part are not zero
+    with torch.no_grad():
         for p in model.parameters():
             p.add_(0.1 * torch.randn_like(p))
     return model.eval()
@@ -54,8 +60,10 @@ def test_cross_layer_is_the_dcn_v2_formula() -> None:
 @pytest.mark.parametrize("interaction", ["dot", "dcn"])
 @pytest.mark.parametrize("graphs", ["eager", "padded"])
 @pytest.mark.parametrize("counts", [[25], [5, 1, 12]])
-def test_factorised_forward_equals_the_plain_one(interaction: str, graphs: str, counts: list[int]) -> None:
-    model = model_with(interaction)
+@pytest.mark.parametrize("wide", [False, True])
+def test_factorised_forward_equals_the_plain_one(interaction: str, graphs: str, counts: list[int], wide: bool) -> None:
+    model = model_with(interaction, wide=wide)
+    assert (model.wide is not None) == wide
     predictor = Predictor(model, torch.device("cpu"), graphs)
     predictor.set_user_tables(4)
     args = requests(counts)
@@ -72,12 +80,48 @@ def test_old_configs_load_as_the_dot_interaction() -> None:
         DLRMConfig(5, 4, SIZES, interaction="cross")
 
 
+def test_the_wide_part_round_trips_and_refuses_a_table_it_cannot_serve() -> None:
+    config = DLRMConfig(5, 4, SIZES, **WIDE)  # type: ignore[arg-type]
+    data = json.loads(json.dumps(config.to_json()))
+    assert DLRMConfig.from_json(data) == config
+    for key in WIDE:  # written before the wide part: none
+        del data[key]
+    assert DLRMConfig.from_json(data).wide_table is None and DLRM(DLRMConfig.from_json(data)).wide is None
+    with pytest.raises(ValueError, match="wide_table"):
+        DLRMConfig(5, 4, SIZES, **{**WIDE, "wide_table": len(SIZES)})  # type: ignore[arg-type]
+    for bad in ((0, 0), (3, 2), (0, 6), (-1, 2)):
+        with pytest.raises(ValueError, match="wide_user_columns"):
+            DLRMConfig(5, 4, SIZES, **{**WIDE, "wide_user_columns": bad})  # type: ignore[arg-type]
+    with pytest.raises(ArtifactMismatch, match="malformed"):
+        DLRMConfig.from_json({**config.to_json(), "wide_item_columns": [1, 9]})
+    # the factorised forward looks the wide part's table up per candidate: it must be an item table
+    with pytest.raises(ValueError, match="must be an item table"):
+        user_split(DLRM(DLRMConfig(5, 4, SIZES, **{**WIDE, "wide_table": 1})), 4)  # type: ignore[arg-type]
+    # the wide part is x_u^T A x_i + x_u^T B e + c . x + b, added to the deep part's logit
+    model = model_with("dot", wide=True)
+    assert model.wide is not None
+    g = torch.Generator().manual_seed(3)
+    dense = torch.randn(6, 9, generator=g)
+    sparse = torch.stack([torch.randint(0, n, (6,), generator=g) for n in SIZES], 1)
+    wide = model.wide
+    a, b = wide.user_item.weight.T, wide.user_table.weight.T  # (3, 3), (3, 8)
+    e = model.sparse_arch(sparse)[:, 5]
+    xu, xi = dense[:, :5], dense[:, 5:]
+    pu, pi = xu[:, 1:4], xi[:, 0:3]
+    want = (torch.einsum("nu,ui,ni->n", pu, a, pi) + torch.einsum("nu,ud,nd->n", pu, b, e)
+            + xu @ wide.user_linear.weight[0] + wide.user_linear.bias + xi @ wide.item_linear.weight[0])
+    with torch.no_grad():
+        deep = model.over_arch(model.interaction(torch.stack([model.user_dense_arch(xu), model.item_dense_arch(xi)], 1),
+                                                 model.sparse_arch(sparse)))
+        torch.testing.assert_close(model(dense, sparse) - deep, want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize(("interaction", "form"), [pytest.param("dot", "bf16", marks=pytest.mark.slow),
-                                                   ("dot", "int8"), ("dcn", "int8")])
+                                                   ("dot", "int8"), ("dcn", "int8"), ("dot+wide", "int8")])
 def test_lower_precisions_stay_close_to_fp32_and_leave_its_weights_alone(interaction: str, form: str) -> None:
     if form == "bf16" and not precision.native_bf16():
         pytest.skip("no native bf16 on this CPU")
-    model = model_with(interaction)
+    model = model_with(interaction.removesuffix("+wide"), wide=interaction.endswith("+wide"))
     before = {k: v.clone() for k, v in model.state_dict().items()}
     counts = [40, 7]
     args = requests(counts)
