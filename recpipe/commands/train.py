@@ -105,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
         frozen = dlrm.get("frozen_tables") or []
         print(f"  dlrm tables: {len(frozen)} too sparse to learn, kept at zero"
               + (f" ({', '.join(frozen)})" if frozen else "")
-              + (f"; {dlrm['exposure_table']} started from exposure" if dlrm.get("exposure_table") else ""))
+              + (f"; {dlrm['exposure_table']} started from exposure" if dlrm.get("exposure_table") else "")
+              + (f"; a wide part over the signal columns and {dlrm['wide_table']}" if dlrm.get("wide_table") else ""))
         print("  ranking_auc by served precision: "
               + ", ".join(f"{k} {v:.4f}" for k, v in m["ranking_auc_by_precision"].items()))
         seconds = manifest["training"]["seconds"]

@@ -57,6 +57,13 @@ class TrainConfig:
     ranking_min_rows_per_id: float = 100.0
     #: start the leaf-category table from the users it was shown to (``recpipe.training.tables``)
     ranking_exposure_init: bool = True
+    #: a wide part beside the DLRM (``recpipe.ranking.model.WideArch``, wide & deep): a logistic
+    #: regression on the products of the user's dense row with the item's and with the leaf category's
+    #: exposure vector, learning at ``ranking_wide_lr``. The deep part's user-item dot is one bilinear
+    #: form of rank ``embedding_dim`` that its dense vectors share with every other dot; the wide part
+    #: gives each product its own weight. BENCHMARKS.md, issue 23
+    ranking_wide: bool = True
+    ranking_wide_lr: float = 1e-2
     #: the DLRM's learning rates over its planned epochs: "cosine" (down to 2% of the start) or "constant"
     ranking_lr_schedule: str = "cosine"
     #: DLRM interaction: "dot" (DLRM v1) or "dcn" (DCNv2 low-rank cross layers, MLPerf DLRM-v2)
@@ -133,6 +140,8 @@ class TrainConfig:
             raise ValueError("ranking_lr_schedule must be cosine or constant")
         if self.ranking_embedding_lr < 0:
             raise ValueError("ranking_embedding_lr must be >= 0")
+        if self.ranking_wide_lr < 0:
+            raise ValueError("ranking_wide_lr must be >= 0")
         if self.ranking_min_rows_per_id < 0:
             raise ValueError("ranking_min_rows_per_id must be >= 0")
         if self.ranking_val_fraction is not None and not 0 <= self.ranking_val_fraction < 0.5:

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from recpipe import schema
 from recpipe.features.core import FeatureCore
 from recpipe.features.history import RowCounts
 from recpipe.ranking.model import DLRM, DLRMConfig, SparseArch
@@ -155,8 +156,25 @@ def embed_users(model: TwoTower, core: FeatureCore, user_ids: np.ndarray, device
 # ---- DLRM -----------------------------------------------------------------------------------------------
 
 
+def signal_columns(core: FeatureCore, table: str) -> tuple[int, int] | None:
+    """[start, stop) of ``table``'s dense columns that the schema calls latent signals (the user's taste
+    and the item's quality signals, where the data puts what the user-item affinity is made of), or
+    None when there are none or they are not one run."""
+    spec = schema.USERS if table == "users" else schema.ITEMS
+    at = [k for k, name in enumerate(core.preprocessor.dense_names(table))
+          if spec.column(name).meaning.startswith("latent")]
+    if not at or at[-1] - at[0] + 1 != len(at):
+        return None
+    return at[0], at[-1] + 1
+
+
 def dlrm_config(core: FeatureCore, cfg: TrainConfig) -> DLRMConfig:
     p = core.preprocessor
+    names = p.sparse_names("users") + p.sparse_names("items")
+    # the wide part weighs the products of the user's and the item's signal columns, and of the user's
+    # with the leaf category's vector (the table started from exposure, ``tables.EXPOSURE_COLUMN``)
+    user_cols, item_cols = signal_columns(core, "users"), signal_columns(core, "items")
+    wide = cfg.ranking_wide and tables.EXPOSURE_COLUMN in names and user_cols is not None and item_cols is not None
     return DLRMConfig(
         user_dense_dim=core.user_dense_dim,
         item_dense_dim=core.item_dense_dim,
@@ -164,6 +182,9 @@ def dlrm_config(core: FeatureCore, cfg: TrainConfig) -> DLRMConfig:
         embedding_dim=cfg.embedding_dim,
         bottom_dims=cfg.ranking_bottom_dims,
         interaction=cfg.interaction,
+        wide_table=names.index(tables.EXPOSURE_COLUMN) if wide else None,
+        wide_user_columns=user_cols if wide and user_cols else (0, 0),
+        wide_item_columns=item_cols if wide and item_cols else (0, 0),
     )
 
 
@@ -196,13 +217,14 @@ def sample_ranking_rows(labels: np.ndarray, cfg: TrainConfig, rng: np.random.Gen
     return rows, weights.astype(np.float32)
 
 
-def _split_params(model: DLRM) -> tuple[list[nn.Parameter], list[nn.Parameter], list[nn.Parameter]]:
-    """(bottom-MLP parameters, the other MLP parameters, embedding-table parameters)."""
+def _split_params(model: DLRM) -> tuple[list[nn.Parameter], ...]:
+    """(bottom-MLP parameters, the other MLP parameters, embedding-table parameters, the wide part's)."""
     bottom = {id(p) for arch in (model.user_dense_arch, model.item_dense_arch) for p in arch.parameters()}
     tables_ = {id(p) for p in model.sparse_arch.parameters()}
+    wide = set() if model.wide is None else {id(p) for p in model.wide.parameters()}
     params = list(model.parameters())
-    return ([p for p in params if id(p) in bottom], [p for p in params if id(p) not in bottom | tables_],
-            [p for p in params if id(p) in tables_])
+    return ([p for p in params if id(p) in bottom], [p for p in params if id(p) not in bottom | tables_ | wide],
+            [p for p in params if id(p) in tables_], [p for p in params if id(p) in wide])
 
 
 def lr_schedule(opt: torch.optim.Optimizer, kind: str, steps: int) -> torch.optim.lr_scheduler.LRScheduler:
@@ -252,9 +274,11 @@ def train_dlrm(
     fixed = cfg.ranking_embedding_lr == 0
     mask = tables.row_mask(model.config.table_sizes, frozen) if frozen else None
     hook = None if mask is None else tables.zero_rows(fused.weight, mask, keep=not fixed)
-    bottom_params, other_params, table_params = _split_params(model)
+    bottom_params, other_params, table_params, wide_params = _split_params(model)
     groups: list[dict[str, Any]] = [{"params": other_params},
                                     {"params": bottom_params, "lr": cfg.ranking_bottom_lr}]
+    if wide_params:
+        groups.append({"params": wide_params, "lr": cfg.ranking_wide_lr})
     if fixed:
         for p in table_params:
             p.requires_grad_(False)
@@ -330,6 +354,7 @@ def train_dlrm(
         "epoch": best_epoch, "epochs_run": len(history), "epochs_max": epochs,
         "train_auc": chosen["train_auc"], "val_auc": chosen["val_auc"], "val_rows": len(val),
         "frozen_tables": frozen_names, "exposure_table": exposed, "tables_learn": not fixed,
+        "wide_table": None if model.config.wide_table is None else names[model.config.wide_table],
         "history": history,
     }
 

@@ -156,6 +156,38 @@ def test_dlrm_tables_fixed_by_default_train_as_the_plain_forward_would(noise_row
     assert [h["loss"] for h in stats["history"]] == pytest.approx([h["loss"] for h in again["history"]], abs=1e-4)
 
 
+def test_the_dlrm_gets_a_wide_part_over_the_signal_columns(noise_rows: Any) -> None:
+    import torch
+
+    from recpipe import schema
+    from recpipe.training import loops
+    from recpipe.training.config import TrainConfig
+
+    core, users, items, labels, counts = noise_rows(2000, 6)
+    cfg = TrainConfig(epochs=1, min_steps=10)
+    config = loops.dlrm_config(core, cfg)
+    p = core.preprocessor
+    assert config.wide_table is not None
+    assert (p.sparse_names("users") + p.sparse_names("items"))[config.wide_table] == "i_cat_00"
+    for table, spec, (start, stop) in (("users", schema.USERS, config.wide_user_columns),
+                                       ("items", schema.ITEMS, config.wide_item_columns)):
+        names = p.dense_names(table)
+        inside = {spec.column(n).meaning for n in names[start:stop]}
+        outside = {spec.column(n).meaning for n in names[:start] + names[stop:]}
+        assert stop - start > 1 and len(inside) == 1 and inside.pop().startswith("latent"), (table, start, stop)
+        assert not any(m.startswith("latent") for m in outside)
+    assert loops.dlrm_config(core, dataclasses.replace(cfg, ranking_wide=False)).wide_table is None
+    model, stats = loops.train_dlrm(core, users, items, labels, counts, cfg, torch.device("cpu"))
+    assert stats["wide_table"] == "i_cat_00" and model.wide is not None
+    # it starts at zero and learns (its table term too, unless the leaf table is too sparse here and zero)
+    learnt = {name for name, w in model.wide.named_parameters() if w.abs().sum() > 0}
+    assert {"user_item.weight", "user_linear.weight", "user_linear.bias", "item_linear.weight"} <= learnt, learnt
+    assert ("user_table.weight" in learnt) == ("i_cat_00" not in stats["frozen_tables"])
+    _, off = loops.train_dlrm(core, users, items, labels, counts, dataclasses.replace(cfg, ranking_wide=False),
+                              torch.device("cpu"))
+    assert off["wide_table"] is None
+
+
 def test_dlrm_epochs_draw_their_own_negatives_where_the_cap_leaves_some_out(noise_rows: Any) -> None:
     import torch
 
