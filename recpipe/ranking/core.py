@@ -21,7 +21,7 @@ from recpipe.errors import ArtifactMismatch, UsageError
 from recpipe.ranking import artifacts
 from recpipe.ranking import precision as precisions
 from recpipe.ranking.contract import RankingLimits, RankQuery
-from recpipe.ranking.model import SparseArch
+from recpipe.ranking.model import DLRMConfig, SparseArch
 from recpipe.ranking.options import RankingOptions
 from recpipe.ranking.predictor import Predictor
 from recpipe.repository import Repository
@@ -105,6 +105,7 @@ class RankingCore:
         return {"cuda_graphs": self.predictor.graphs, "graphs_captured": str(self.predictor.graphs_captured),
                 "embeddings": self.embeddings if self.embeddings == "device" else "host (pinned, zero-copy)",
                 "interaction": self.config.interaction,
+                "wide": _wide(self.config),
                 "precision": self.precision.form + (" (torch.compile)" if self.predictor.compiled else ""),
                 "precision_choice": self.precision.reason, "cpu_isa": precisions.describe_isa()}
 
@@ -147,3 +148,12 @@ class RankingCore:
             out.append(scores[start : start + n])
             start += n
         return out
+
+
+def _wide(config: DLRMConfig) -> str:
+    """The wide part, as InfoService shows it."""
+    if config.wide_table is None:
+        return "none"
+    (us, ue), (is_, ie) = config.wide_user_columns, config.wide_item_columns
+    return (f"user dense columns {us}-{ue - 1} x item dense columns {is_}-{ie - 1} and x table "
+            f"{config.wide_table}'s vector")

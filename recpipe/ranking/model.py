@@ -8,8 +8,8 @@
 concatenated vectors (``DCNInteractionArch``, (B, N*D) out), the interaction of MLPerf's DLRM-v2.
 
 ``wide_table`` adds a wide part beside that deep one (``WideArch``, wide & deep): a logistic
-regression on the explicit products of the user's dense row with the item's dense row and with one
-table's vector, added to the top MLP's logit.
+regression on the explicit products of some of the user's dense columns with some of the item's and
+with one item table's vector, added to the top MLP's logit.
 
 One difference from the textbook DLRM: the user's and the item's dense features get a bottom MLP
 each, so they meet in a dot product in the interaction. A single bottom MLP over the concatenation

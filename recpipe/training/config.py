@@ -58,10 +58,13 @@ class TrainConfig:
     #: start the leaf-category table from the users it was shown to (``recpipe.training.tables``)
     ranking_exposure_init: bool = True
     #: a wide part beside the DLRM (``recpipe.ranking.model.WideArch``, wide & deep): a logistic
-    #: regression on the products of the user's dense row with the item's and with the leaf category's
-    #: exposure vector, learning at ``ranking_wide_lr``. The deep part's user-item dot is one bilinear
-    #: form of rank ``embedding_dim`` that its dense vectors share with every other dot; the wide part
-    #: gives each product its own weight. BENCHMARKS.md, issue 23
+    #: regression on the products of the user's latent-signal columns with the item's and with the
+    #: leaf category's exposure vector, learning at ``ranking_wide_lr``. The deep part's user-item dot
+    #: is one bilinear form of rank ``embedding_dim`` that its dense vectors share with every other
+    #: dot; the wide part gives each product its own weight: +0.0044 held-out AUC at full scale,
+    #: +0.003 at scale 0.1 (seeds 11 and 7), +0.009 for DCN. Over every profile column instead: even
+    #: at 0.1, a little lower at full scale; over the whole dense rows (history counts included) it
+    #: lost AUC. BENCHMARKS.md, issue 23
     ranking_wide: bool = True
     ranking_wide_lr: float = 1e-2
     #: the DLRM's learning rates over its planned epochs: "cosine" (down to 2% of the start) or "constant"

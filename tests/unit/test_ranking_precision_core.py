@@ -27,6 +27,7 @@ def test_precisions_load_serve_and_say_what_runs(small_models: Path, small_datas
     int8 = RankingCore.load(small_models, device="cpu", precision="int8")
     assert (fp32.details["precision"], int8.details["precision"]) == ("fp32", "int8")
     assert fp32.details["interaction"] == "dot" and fp32.details["cpu_isa"]
+    assert fp32.details["wide"].startswith("user dense columns 8-39 x item dense columns 8-19 and x table ")
     ref, low = fp32.rank(user, items), int8.rank(user, items)
     # close, not equal: int8 rounds every activation (its AUC cost is what auto weighs, below); the
     # bilinear bottoms of issue 23 widened the dots' range, so the rounding costs more than it did
