@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"model repository to write (default {DEFAULT_MODELS_DIR}/)")
     parser.add_argument("--device", default="auto", choices=DEVICE_CHOICES)
     parser.add_argument("--epochs", type=int, default=None, help="epochs for both models (default: 2 for the two-tower; for the DLRM 8 with dot and "
-                        "at most 4 with dcn, or 5M rows in all: five at full scale)")
+                        "at most 4 with dcn, or 4M rows in all: four at full scale)")
     parser.add_argument("--val-fraction", type=float, default=None, metavar="F",
                         help="hold back the latest share F of the training rows to choose the DLRM's epoch "
                              "(stop early, keep the best); 0 trains on every row and keeps the last epoch "
