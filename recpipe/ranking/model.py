@@ -298,11 +298,18 @@ class DLRM(nn.Module):
         self.over_arch = OverArch(config.over_in_dim, config.top_dims)
         self.wide = None if config.wide_table is None else WideArch(config)
 
-    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+    def dense_vectors(self, dense: torch.Tensor) -> torch.Tensor:
+        """(B, Du + Di) -> (B, 2, D): the user's and the item's bottom-layer vectors."""
         du = self.config.user_dense_dim
-        vectors = torch.stack([self.user_dense_arch(dense[:, :du]), self.item_dense_arch(dense[:, du:])], dim=1)
+        return torch.stack([self.user_dense_arch(dense[:, :du]), self.item_dense_arch(dense[:, du:])], dim=1)
+
+    def with_wide(self, logits: torch.Tensor, dense: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+        """``logits`` plus the wide part's, when the model has one; ``tables`` (B, F, D) the looked-up vectors."""
+        if self.wide is None:
+            return logits
+        du = self.config.user_dense_dim
+        return logits + self.wide(dense[:, :du], dense[:, du:], tables[:, self.config.wide_table])
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
         tables = self.sparse_arch(sparse)
-        logits = self.over_arch(self.interaction(vectors, tables))
-        if self.wide is not None:
-            logits = logits + self.wide(dense[:, :du], dense[:, du:], tables[:, self.config.wide_table])
-        return logits
+        return self.with_wide(self.over_arch(self.interaction(self.dense_vectors(dense), tables)), dense, tables)

@@ -59,8 +59,7 @@ class FixedTableForward:
 
     def __call__(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
         m = self.model
-        du = m.config.user_dense_dim
-        vectors = torch.stack([m.user_dense_arch(dense[:, :du]), m.item_dense_arch(dense[:, du:])], dim=1)
+        vectors = m.dense_vectors(dense)
         with torch.no_grad():
             tables = m.sparse_arch(sparse)  # (B, F, D), constants
             fixed = torch.bmm(tables, tables.transpose(1, 2)).flatten(1).index_select(1, self.fixed)
@@ -69,7 +68,4 @@ class FixedTableForward:
         w = self.first.weight
         h = F.linear(torch.cat([vectors.flatten(1), live], dim=1), w[:, : self.split], self.first.bias)
         h = h + fixed @ w[:, self.split :].t()
-        logits = self.rest(h).squeeze(-1)
-        if m.wide is not None:  # the wide part's table vector is a constant too
-            logits = logits + m.wide(dense[:, :du], dense[:, du:], tables[:, m.config.wide_table])
-        return logits
+        return m.with_wide(self.rest(h).squeeze(-1), dense, tables)  # its table vector is a constant too
