@@ -12,29 +12,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from recpipe.auc import auc as shared_auc
 from recpipe.datagen.sampling import take_rows
 from recpipe.datagen.world import S_ORACLE, World, rng_for
 
 
 def auc(scores: np.ndarray, labels: np.ndarray) -> float | None:
     """Area under the ROC curve (ties get average ranks); None when only one class is present."""
-    y = np.asarray(labels).astype(bool)
-    n = y.shape[0]
-    n_pos = int(y.sum())
-    n_neg = n - n_pos
-    if n_pos == 0 or n_neg == 0:
-        return None
-    order = np.argsort(scores, kind="stable")
-    s = np.asarray(scores)[order]
-    distinct = np.empty(n, bool)
-    distinct[0] = True
-    np.not_equal(s[1:], s[:-1], out=distinct[1:])
-    starts = np.flatnonzero(distinct)
-    ends = np.append(starts[1:], n)
-    avg_rank = (starts + ends + 1) / 2.0  # mean of the 1-based ranks starts+1..ends
-    ranks = avg_rank[np.cumsum(distinct) - 1]
-    rank_sum = float(ranks[y[order]].sum())
-    return (rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg)
+    value = shared_auc(labels, scores)
+    return None if np.isnan(value) else value
 
 
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:

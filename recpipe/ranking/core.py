@@ -2,11 +2,15 @@
 
 On a CUDA device the forward replays a CUDA graph per bucketed batch shape (``cuda_graphs``) and the
 embedding tables may stay in pinned host memory, read by the GPU in place (``embeddings="host"``).
+Loading picks the precision (``recpipe.ranking.precision``; each candidate form checked against fp32
+on the repository's probe rows, ``recpipe.ranking.probe``) and then warms every bucketed shape a
+compiled or captured forward serves, so nothing compiles on the request path.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,25 +24,33 @@ from recpipe.config import DEFAULT_NUM_CANDIDATES
 from recpipe.errors import ArtifactMismatch, UsageError
 from recpipe.ranking import artifacts
 from recpipe.ranking import precision as precisions
+from recpipe.ranking import probe as probes
 from recpipe.ranking.contract import RankingLimits, RankQuery
 from recpipe.ranking.model import DLRMConfig, SparseArch
 from recpipe.ranking.options import RankingOptions
-from recpipe.ranking.predictor import Predictor
+from recpipe.ranking.predictor import MAX_ROWS, MAX_USERS, Predictor
 from recpipe.repository import Repository
 from recpipe.types import ItemFeatures, UserFeatures
 
-#: Candidates per DLRM forward at most when requests are batched (a single request may exceed it).
-CHUNK_ROWS = 4096
+_log = logging.getLogger(__name__)
+
+#: Candidates per DLRM forward at most: a batch runs as forwards of at most this many, and a request with
+#: more is split (each forward's shape then has a bucket, warmed at load).
+CHUNK_ROWS = MAX_ROWS
+#: Requests per DLRM forward at most.
+CHUNK_USERS = MAX_USERS
 
 
 class RankingCore:
     """``rank(user, items)`` -> (k,) float32 click probabilities, in the order of ``items``."""
 
     def __init__(self, repo: Repository, dev: torch.device, *, cuda_graphs: bool = True,
-                 embeddings: str = "device", graphs: str | None = None, precision: str = "fp32") -> None:
+                 embeddings: str = "device", graphs: str | None = None, precision: str = "fp32",
+                 max_batch: int = 0) -> None:
         """``graphs`` overrides the mode ``cuda_graphs`` picks (``padded`` runs the CPU twin of graphs);
         ``precision`` is ``--ranking-precision`` (``recpipe.ranking.precision``; the library's default
-        is fp32, the same scores every time)."""
+        is fp32, the same scores every time); ``max_batch`` is the most requests a forward will carry
+        (the stage's ``--max-batch``; 0 = its auto: 32 on a GPU, 1 on a CPU): the user buckets warmed."""
         RankingOptions(cuda_graphs, precision, embeddings)  # the options' own checks (UsageError)
         if embeddings == "host" and dev.type != "cuda":
             raise UsageError(f"--embeddings host needs a CUDA device, the ranking device is {dev}")
@@ -71,33 +83,48 @@ class RankingCore:
             tables.weight = torch.nn.Parameter(host_mapped(tables.weight, dev), requires_grad=False)
             if dev.type == "cuda":
                 torch.cuda.empty_cache()  # the device copy of the tables is garbage now
-        self.precision = self._choose_precision(precision, repo, n_user_tables)
         self.predictor.set_user_tables(n_user_tables)
-        if self.predictor.graphs == "graph":  # capture the common shape now, not at the first request
-            self.predictor.warm_up([DEFAULT_NUM_CANDIDATES])
+        self.checks: dict[str, probes.FormCheck] = {}
+        self.precision = self._choose_precision(precision, repo, n_user_tables)
+        self.max_users = min(max_batch or (MAX_USERS if dev.type == "cuda" else 1), MAX_USERS)
+        self.predictor.warm_buckets(self.max_users)
 
     def _choose_precision(self, requested: str, repo: Repository, n_user_tables: int) -> precisions.Choice:
-        """Resolve ``requested`` (``auto``: time each eligible form on a 1 x 500 request here) and make
-        ``self.predictor`` run the chosen form."""
+        """Resolve ``requested`` (``auto``: time each eligible form on a 1 x 500 request here), after
+        checking each candidate form against fp32 on the probe rows, and make ``self.predictor`` run the
+        chosen form."""
         current = self.predictor
         by_form = repo.section("metrics").get("ranking_auc_by_precision") or None
         candidates: dict[str, Predictor] = {}
-        if requested == "auto" and self.torch_device.type == "cpu":
-            for form in precisions.available(self.torch_device):
-                candidates[form] = Predictor(current.model, self.torch_device, current.graphs, form)
-                candidates[form].set_user_tables(n_user_tables)
-        timers = {form: functools.partial(p.warm_up, [DEFAULT_NUM_CANDIDATES]) for form, p in candidates.items()}
-        choice = precisions.choose(requested, self.torch_device, by_form, timers)
+        if self.torch_device.type == "cpu":
+            wanted = precisions.available(self.torch_device) if requested == "auto" else (requested,)
+            for form in wanted:
+                if form != current.precision and form in precisions.FORMS:
+                    candidates[form] = Predictor(current.model, self.torch_device, current.graphs, form)
+                    candidates[form].set_user_tables(n_user_tables)
+        if candidates:
+            probe = probes.load(repo, self.limits) or probes.synthetic(self.limits)
+            reference = probes.scores(current, probe)
+            self.checks = {form: probes.check(form, reference, probes.scores(p, probe), probe)
+                           for form, p in candidates.items()}
+        timers = {form: functools.partial(p.warm_up, [DEFAULT_NUM_CANDIDATES])
+                  for form, p in {current.precision: current, **candidates}.items()} if requested == "auto" else {}
+        choice = precisions.choose(requested, self.torch_device, by_form, timers, checks=self.checks)
+        broken = self.checks.get(choice.form)
+        if broken is not None and not broken.ok:
+            _log.warning("ranking: --ranking-precision %s %s", choice.form, broken.describe())
         if choice.form != current.precision:
             self.predictor = candidates.get(choice.form) or Predictor(current.model, self.torch_device, current.graphs,
                                                                       choice.form)
+            if self.predictor.num_user_tables != n_user_tables:
+                self.predictor.set_user_tables(n_user_tables)
         return choice
 
     @classmethod
     def load(cls, models_dir: Path, device: str = "auto", *, cuda_graphs: bool = True, embeddings: str = "device",
-             graphs: str | None = None, precision: str = "fp32") -> RankingCore:
+             graphs: str | None = None, precision: str = "fp32", max_batch: int = 0) -> RankingCore:
         return cls(Repository.open(Path(models_dir)), devices.resolve(device), cuda_graphs=cuda_graphs,
-                   embeddings=embeddings, graphs=graphs, precision=precision)
+                   embeddings=embeddings, graphs=graphs, precision=precision, max_batch=max_batch)
 
     @property
     def details(self) -> dict[str, str]:
@@ -107,7 +134,11 @@ class RankingCore:
                 "interaction": self.config.interaction,
                 "wide": _wide(self.config),
                 "precision": self.precision.form + (" (torch.compile)" if self.predictor.compiled else ""),
-                "precision_choice": self.precision.reason, "cpu_isa": precisions.describe_isa()}
+                "precision_choice": self.precision.reason, "cpu_isa": precisions.describe_isa(),
+                "precision_bound": f"max |dp| <= {probes.MAX_ABS_DP:g}, dAUC >= -{precisions.AUC_BUDGET:g} against fp32",
+                **({"precision_check": self.checks[self.precision.form].describe()}
+                   if self.precision.form in self.checks else {}),
+                "warmed": _warmed(self.predictor)}
 
     @property
     def limits(self) -> RankingLimits:
@@ -118,23 +149,27 @@ class RankingCore:
         return self.rank_batch([RankQuery.checked(user.dense, user.sparse, items.dense, items.sparse, self.limits)])[0]
 
     def rank_batch(self, queries: Sequence[RankQuery]) -> list[np.ndarray]:
-        """DLRM forwards over every query's candidates, ``CHUNK_ROWS`` candidates at a time at most (the
-        user-side work still done once per query), split back: each (k_i,) float32 equals what the
-        query would get alone. The chunks bound the working set: one forward over 32 x 500 candidates
-        would hold ~150 MB of intermediates and leave the process that much larger for good."""
-        out: list[np.ndarray] = []
-        chunk: list[RankQuery] = []
+        """DLRM forwards over every query's candidates, split back: each (k_i,) float32 equals what the
+        query would get alone. A forward carries at most ``CHUNK_ROWS`` candidates and ``CHUNK_USERS``
+        queries (the user-side work still done once per query in it); a query with more candidates than
+        that runs as several forwards. So every forward's shape has a bucket that was warmed at load, and
+        the working set stays bounded."""
+        pieces: list[list[np.ndarray]] = [[] for _ in queries]
+        chunk: list[tuple[int, RankQuery]] = []
         rows = 0
-        for q in queries:
-            if chunk and rows + q.k > CHUNK_ROWS:
-                out.extend(self._forward(chunk))
-                chunk, rows = [], 0
-            chunk.append(q)
-            rows += q.k
-        out.extend(self._forward(chunk))
-        return out
+        for i, q in enumerate(queries):
+            for part in _split(q, CHUNK_ROWS):
+                if chunk and (rows + part.k > CHUNK_ROWS or len(chunk) == CHUNK_USERS):
+                    self._forward(chunk, pieces)
+                    chunk, rows = [], 0
+                chunk.append((i, part))
+                rows += part.k
+        if chunk:
+            self._forward(chunk, pieces)
+        return [p[0] if len(p) == 1 else np.concatenate(p) for p in pieces]
 
-    def _forward(self, queries: Sequence[RankQuery]) -> list[np.ndarray]:
+    def _forward(self, chunk: Sequence[tuple[int, RankQuery]], pieces: list[list[np.ndarray]]) -> None:
+        queries = [q for _, q in chunk]
         counts = [q.k for q in queries]
         scores = self.predictor.score_batch(
             np.stack([q.user_dense for q in queries]),
@@ -143,11 +178,28 @@ class RankingCore:
             np.concatenate([q.item_sparse for q in queries]) if len(queries) > 1 else queries[0].item_sparse,
             counts,
         )
-        out, start = [], 0
-        for n in counts:
-            out.append(scores[start : start + n])
+        start = 0
+        for (i, _), n in zip(chunk, counts, strict=True):
+            pieces[i].append(scores[start : start + n])
             start += n
-        return out
+
+
+def _split(q: RankQuery, rows: int) -> list[RankQuery]:
+    """``q`` as queries of at most ``rows`` candidates each (itself when it fits)."""
+    if q.k <= rows:
+        return [q]
+    return [RankQuery(q.user_dense, q.user_sparse, q.item_dense[s : s + rows], q.item_sparse[s : s + rows])
+            for s in range(0, q.k, rows)]
+
+
+def _warmed(predictor: Predictor) -> str:
+    """For InfoService: the bucketed shapes warmed at load (none where the forward is eager)."""
+    if not predictor.warmed:
+        return "none (eager: no compiled or captured shapes)"
+    users = sorted({u for u, _ in predictor.warmed})
+    rows = sorted({r for _, r in predictor.warmed})
+    return (f"{len(predictor.warmed)} shapes ({users[0]}-{users[-1]} users x {rows[0]}-{rows[-1]} candidates) in "
+            f"{predictor.warm_s:.2f} s; {predictor.unwarmed_forwards} forwards since ran eagerly (shape not warmed)")
 
 
 def _wide(config: DLRMConfig) -> str:

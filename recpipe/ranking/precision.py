@@ -1,17 +1,19 @@
 """The ranking forward's numeric precision on the CPU: fp32, bf16 or int8, and ``auto``.
 
 - ``bf16``: the served forward's weights, embeddings and activations in bfloat16, compiled with
-  ``torch.compile`` (dynamic shapes: one compilation for every candidate count). oneDNN runs the
-  matmuls on AMX / AVX512-BF16; without them bf16 is emulated and slower, so it is offered only where
-  ``native_bf16()``. Eager bf16 was barely faster than fp32 here (the forward is many small ops);
-  compiled, the ops fuse and it is several times faster. fp32 compiled gained ~10%, not worth a
-  compilation at start-up, so fp32 stays eager;
+  ``torch.compile`` (dynamic shapes over fixed candidate buckets, all compiled and warmed at load:
+  ``recpipe.ranking.predictor``). oneDNN runs the matmuls on AMX / AVX512-BF16; without them bf16 is
+  emulated and slower, so it is offered only where ``native_bf16()``. Eager bf16 was barely faster
+  than fp32 here (the forward is many small ops); compiled, the ops fuse and it is several times
+  faster. fp32 compiled gained ~10%, not worth a compilation at start-up, so fp32 stays eager;
 - ``int8``: dynamic quantization of every ``nn.Linear`` of the served forward (int8 weights,
   activations quantized per call; the x86 quantized engine uses VNNI / AMX-INT8 where present); the
   embedding lookups and the interaction stay in float32;
-- ``auto``: the fastest of these, timed on this machine at load, among those whose held-out AUC (measured
-  by ``recpipe train`` on the served forward, ``metrics.ranking_auc_by_precision`` in the manifest) is
-  within ``AUC_BUDGET`` of fp32's. A repository without those measurements gets fp32.
+- ``auto``: the fastest of these, timed on this machine at load, among those that keep the bound
+  against fp32 (``recpipe.ranking.probe``): no probability moved by more than ``probe.MAX_ABS_DP``
+  on the held-out probe rows scored at load, and held-out AUC within ``AUC_BUDGET`` of fp32's (as
+  ``recpipe train`` measured it on the served forward, ``metrics.ranking_auc_by_precision`` in the
+  manifest, and on the probe). A repository with neither measurement gets fp32.
 
 On a CUDA device the forward stays fp32 (the GPU paths are what they were); asking for another
 precision there is a usage error.
@@ -25,7 +27,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from recpipe.errors import UsageError
 
@@ -107,33 +109,62 @@ def convert(module: nn.Module, form: str, compile: bool = True) -> nn.Module:
     raise ValueError(f"no precision form {form!r}")
 
 
+class Checked(Protocol):
+    """A form's check against fp32 at load (``recpipe.ranking.probe.FormCheck``)."""
+
+    @property
+    def ok(self) -> bool: ...
+    @property
+    def auc_delta(self) -> float | None: ...
+    def describe(self) -> str: ...
+
+
 @dataclass(frozen=True)
 class Choice:
     form: str
-    #: why: the per-form timings and AUC deltas that decided it
+    #: why: the per-form timings, AUC deltas and bound checks that decided it
     reason: str
 
 
 def choose(requested: str, device: torch.device, auc_by_form: Mapping[str, float] | None,
-           timers: Mapping[str, Callable[[], None]], rounds: int = 20) -> Choice:
+           timers: Mapping[str, Callable[[], None]], rounds: int = 20,
+           checks: Mapping[str, Checked] | None = None) -> Choice:
     """Resolve ``requested`` on ``device``. ``auto`` times each eligible form's ``timers`` entry
-    (alternating, ``rounds`` each) and keeps the fastest within ``AUC_BUDGET``. Each form's time is
-    its fastest round: at start-up the machine is often busy (other stages loading), and the minimum
-    is what a form costs when nothing interferes (a median picked int8 on a loaded VM where it is
-    the slowest form when measured quietly)."""
+    (alternating, ``rounds`` each) and keeps the fastest. A form other than fp32 is eligible when it
+    keeps the bound: its ``checks`` entry (the probe scored at load, ``recpipe.ranking.probe``) is ok,
+    and the held-out AUC ``recpipe train`` measured for it (``auc_by_form``) is within ``AUC_BUDGET``
+    of fp32's; with no AUC measured either way it is not. Each form's time is its fastest round: at
+    start-up the machine is often busy (other stages loading), and the minimum is what a form costs
+    when nothing interferes (a median picked int8 on a loaded VM where it is the slowest form when
+    measured quietly)."""
     forms = available(device)
+    checks = checks or {}
     if requested != "auto":
         if requested not in forms:
             why = "a CUDA device runs fp32" if device.type != "cpu" else "this CPU has no native bf16"
             raise UsageError(f"--ranking-precision {requested}: not available here ({why}); choose one of "
                              f"{'|'.join(('auto', *forms))}")
-        return Choice(requested, "requested")
+        checked = checks.get(requested)
+        return Choice(requested, "requested" + (f"; {checked.describe()}" if checked is not None else ""))
     if len(forms) == 1:
         return Choice("fp32", f"auto: {device.type} runs fp32")
-    if not auc_by_form or "fp32" not in auc_by_form:
+    trained = dict(auc_by_form or {})
+    base = trained.get("fp32")
+    if base is None and not any(c.auc_delta is not None for c in checks.values()):
         return Choice("fp32", "auto: the repository has no per-precision AUC (trained before it was measured)")
-    base = auc_by_form["fp32"]
-    ok = [f for f in forms if f in timers and f in auc_by_form and base - auc_by_form[f] <= AUC_BUDGET]
+    why_not: dict[str, str] = {}
+    for f in forms:
+        delta = trained[f] - base if base is not None and f in trained else None
+        checked = checks.get(f)
+        if f == "fp32":
+            continue
+        if delta is not None and delta < -AUC_BUDGET:
+            why_not[f] = "over the AUC budget"
+        elif checked is not None and not checked.ok:
+            why_not[f] = f"breaks the bound at load ({checked.describe()})"
+        elif delta is None and (checked is None or checked.auc_delta is None):
+            why_not[f] = "no AUC measured for it"
+    ok = [f for f in forms if f in timers and f not in why_not]
     samples: dict[str, list[float]] = {f: [] for f in ok}
     for f in ok:
         timers[f]()  # warm-up
@@ -143,8 +174,12 @@ def choose(requested: str, device: torch.device, auc_by_form: Mapping[str, float
             timers[f]()
             samples[f].append(time.perf_counter() - t0)
     ms = {f: min(s) * 1e3 for f, s in samples.items()}
-    best = min(ok, key=lambda f: ms[f])
-    parts = [f"{f} {ms[f]:.2f} ms (fastest of {rounds}), dAUC {auc_by_form[f] - base:+.4f}" for f in ok]
-    skipped = [f for f in forms if f not in ok and f in auc_by_form]
-    tail = f"; over the AUC budget: {', '.join(skipped)}" if skipped else ""
-    return Choice(best, f"auto: fastest within dAUC {AUC_BUDGET} ({'; '.join(parts)}){tail}")
+    best = min(ok, key=lambda f: ms[f]) if ok else "fp32"
+
+    def part(f: str) -> str:
+        train = f", dAUC {trained[f] - base:+.4f}" if base is not None and f in trained else ""
+        at_load = f"; at load {checks[f].describe()}" if f in checks else ""
+        return f"{f} {ms[f]:.2f} ms (fastest of {rounds}){train}{at_load}"
+
+    tail = "".join(f"; {f}: {why}" for f, why in why_not.items())
+    return Choice(best, f"auto: fastest within the bound ({'; '.join(part(f) for f in ok)}){tail}")

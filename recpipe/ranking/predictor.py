@@ -14,11 +14,24 @@ copied asynchronously on the stage's stream, and the answer is sliced back. Padd
 to user 0 and padded users have no candidates, so the real rows' scores do not change. The CPU runs
 the same padding eagerly in ``padded`` mode (what the tests compare with the unpadded answer) and no
 padding at all by default.
+
+A compiled or captured forward never compiles on the request path. It serves a fixed set of shape
+buckets (``row_buckets`` x ``user_buckets``: candidates padded up to the next power of two from
+``MIN_ROWS_BUCKET`` to ``MAX_ROWS``, users to the next power of two up to the core's batch), and
+``warm_buckets`` runs every one of them before the stage reports SERVING: the compiled bf16 form
+(``torch.compile`` with dynamic shapes: one graph for one user, one for several) and CUDA graphs
+(one capture per bucket). A forward with a shape that was not warmed (more users than warmed for)
+runs the same module eagerly. The core splits a request with more than ``MAX_ROWS`` candidates into
+forwards of at most ``MAX_ROWS``, so every candidate count up to the contract's 10,000 has a bucket.
+A compile on the request path would hold the stage for seconds (a new candidate count recompiled the
+dynamic-shape graph: 231 ms in process, over 3 s served on a busy machine).
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -34,11 +47,34 @@ _log = logging.getLogger(__name__)
 
 #: Candidate-count buckets start here: fewer rows than this cost a GPU no more than this many.
 MIN_ROWS_BUCKET = 64
+#: Candidates per forward at most (the largest bucket): the core splits larger requests, and a batch of
+#: requests runs as forwards of at most this many candidates. It also bounds the working set: one
+#: forward over 32 x 500 candidates would hold ~150 MB of intermediates and leave the process that
+#: much larger for good.
+MAX_ROWS = 4096
+#: Users (requests) per forward at most: the largest user bucket (the GPU batcher's default batch).
+MAX_USERS = 32
+
+
+def row_buckets() -> list[int]:
+    """The candidate counts a padded forward runs at: 64, 128, ..., ``MAX_ROWS``."""
+    out, n = [], bucket(MIN_ROWS_BUCKET)
+    while n <= MAX_ROWS:
+        out.append(n)
+        n *= 2
+    return out
+
+
+def user_buckets(max_users: int) -> list[int]:
+    """The user counts a padded forward runs at for batches of up to ``max_users`` requests: 1, 2, 4, ..."""
+    top = bucket(min(max(1, max_users), MAX_USERS))
+    return [1 << i for i in range(top.bit_length())]
 
 
 class Predictor:
     """``graphs``: ``eager`` (no padding; the CPU default), ``padded`` (bucketed shapes run eagerly: the
-    CPU twin of graphs, or CUDA with graphs off) or ``graph`` (CUDA graph replay per bucket)."""
+    CPU twin of graphs, or CUDA with graphs off) or ``graph`` (CUDA graph replay per bucket). A compiled
+    form (bf16 on the CPU) runs padded whatever ``graphs`` says: it serves the buckets it was warmed for."""
 
     def __init__(self, model: DLRM, device: torch.device, graphs: str = "eager", precision: str = "fp32",
                  compile: bool = True) -> None:
@@ -58,39 +94,67 @@ class Predictor:
         self.num_user_tables = 0
         self._split: nn.Module | None = None
         self._runner: GraphRunner | None = None
+        #: the same forward run eagerly (padded), for shapes not warmed once ``sealed``: a compiled form
+        #: or CUDA graphs (None where nothing compiles or captures)
+        self._unwarmed: GraphRunner | None = None
+        #: the (users, rows) buckets run so far by ``warm_up``, and what ``warm_buckets`` took
+        self.warmed: set[tuple[int, int]] = set()
+        self.warm_s = 0.0
+        #: set by ``warm_buckets``: from then on a shape that was not warmed runs eagerly (never compiled
+        #: or captured on the request path), counted in ``unwarmed_forwards``
+        self.sealed = False
+        self.unwarmed_forwards = 0
+
+    @property
+    def mode(self) -> str:
+        """How the forward runs: ``graph``, ``padded`` or ``eager`` (see ``recpipe.accel.cuda_graphs``)."""
+        return self._runner.mode if self._runner is not None else self.graphs
 
     def set_user_tables(self, num_user_tables: int) -> None:
-        """Enable the factorised path: the first ``num_user_tables`` sparse features belong to the user."""
+        """Enable the factorised path: the first ``num_user_tables`` sparse features belong to the user.
+        A compiled form is compiled here for one user (its smallest bucket); ``warm_buckets`` does the rest."""
         self.num_user_tables = num_user_tables
         split = user_split(self.model, num_user_tables).to(self.device)
-        split.gather_segments = self.graphs != "eager" or self.device.type != "cpu"  # type: ignore[assignment]
-        run = precisions.convert(split, self.precision, compile=self._compile).eval()
-        if self.precision == "bf16" and self._compile:  # compile now, not at the first request; eager if it cannot compile
+        compile = self.precision == "bf16" and self._compile
+        if compile:
             try:
-                self._warm(run, num_user_tables)
+                self._build(split, compiled=True)
+                self.warm_up([1])  # compile now, not at the first request
             except Exception as e:  # any compiler failure (no C++ compiler, ...): the eager form works
                 _log.warning("torch.compile of the bf16 ranking forward failed (%s); running it eagerly",
                              str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
-                run = precisions.convert(split, "bf16", compile=False).eval()
-                self.compiled = False
+                self.warmed.clear()
             else:
                 self.compiled = True
+                return
+        self._build(split, compiled=False)
+
+    def _build(self, split: nn.Module, compiled: bool) -> None:
+        mode = "padded" if compiled and self.graphs == "eager" else self.graphs
+        split.gather_segments = mode != "eager" or self.device.type != "cpu"  # type: ignore[assignment]
+        run = precisions.convert(split, self.precision, compile=compiled).eval()
         self._split = run
+        self._runner = GraphRunner(_probabilities(run), self.device, mode)
+        eager: nn.Module | None = getattr(run, "_orig_mod", None) if compiled else run if mode == "graph" else None
+        self._unwarmed = None if eager is None else GraphRunner(_probabilities(eager), self.device, "padded")
 
-        def probabilities(*inputs: torch.Tensor) -> torch.Tensor:
-            ud, us, idn, isp, *seg = inputs
-            return torch.sigmoid(run(ud, us, idn, isp, seg[0] if seg else None).float())
-
-        self._runner = GraphRunner(probabilities, self.device, self.graphs)
-
-    def _warm(self, run: nn.Module, num_user_tables: int) -> None:
-        cfg = self.model.config
-        n = 500
-        with torch.inference_mode():
-            run(torch.zeros(1, cfg.user_dense_dim, device=self.device),
-                torch.zeros(1, num_user_tables, dtype=torch.long, device=self.device),
-                torch.zeros(n, cfg.item_dense_dim, device=self.device),
-                torch.zeros(n, cfg.num_tables - num_user_tables, dtype=torch.long, device=self.device), None)
+    def warm_buckets(self, max_users: int = 1) -> int:
+        """Run every bucketed shape a forward can take for batches of up to ``max_users`` requests once,
+        so that nothing compiles (``torch.compile``) or is captured (CUDA graphs) on the request path;
+        returns the number of shapes run (0 where the forward is not padded: nothing to warm)."""
+        runner = self._runner
+        if runner is None:
+            raise RuntimeError("warm_buckets needs set_user_tables() first")
+        if not runner.padded:
+            return 0
+        t0 = time.perf_counter()
+        self.sealed = False
+        shapes = [(u, r) for u in user_buckets(max_users) for r in row_buckets() if (u, r) not in self.warmed]
+        for users, rows in shapes:
+            self.warm_up([rows - users + 1] + [1] * (users - 1))
+        self.sealed = True
+        self.warm_s += time.perf_counter() - t0
+        return len(self.warmed)
 
     @property
     def graphs_captured(self) -> int:
@@ -135,6 +199,9 @@ class Predictor:
             raise RuntimeError("score_batch needs set_user_tables() first")
         b, n = len(counts), int(sum(counts))
         users, rows = (bucket(b), bucket(n, MIN_ROWS_BUCKET)) if runner.padded else (b, n)
+        if self.sealed and self._unwarmed is not None and (users, rows) not in self.warmed:
+            self.unwarmed_forwards += 1  # a shape not warmed: run eagerly, never compiled or captured here
+            runner = self._unwarmed
         io = self.io
         with torch.inference_mode(), io.stream():
             inputs = [io.put("user_dense", user_dense, np.float32, users),
@@ -146,12 +213,30 @@ class Predictor:
             return io.fetch("scores", runner(*inputs), n)
 
     def warm_up(self, counts: list[int]) -> None:
-        """Run (and, in ``graph`` mode, capture) the shape of ``counts`` once, on zeros."""
+        """Run (and compile, or in ``graph`` mode capture) the shape of ``counts`` once, on zeros; a padded
+        shape counts as warmed from then on."""
         cfg = self.model.config
         b, n, u = len(counts), int(sum(counts)), self.num_user_tables
-        self.score_batch(np.zeros((b, cfg.user_dense_dim), np.float32), np.zeros((b, u), np.int64),
-                         np.zeros((n, cfg.item_dense_dim), np.float32), np.zeros((n, cfg.num_tables - u), np.int64),
-                         counts)
+        runner = self._runner
+        if runner is not None and runner.padded:
+            self.warmed.add((bucket(b), bucket(n, MIN_ROWS_BUCKET)))
+        sealed, self.sealed = self.sealed, False  # warming is where compiling and capturing belong
+        try:
+            self.score_batch(np.zeros((b, cfg.user_dense_dim), np.float32), np.zeros((b, u), np.int64),
+                             np.zeros((n, cfg.item_dense_dim), np.float32),
+                             np.zeros((n, cfg.num_tables - u), np.int64), counts)
+        finally:
+            self.sealed = sealed
+
+
+def _probabilities(run: nn.Module) -> Callable[..., torch.Tensor]:
+    """The forward as the runner calls it: (ud, us, idn, isp[, seg]) -> (N,) float32 probabilities."""
+
+    def probabilities(*inputs: torch.Tensor) -> torch.Tensor:
+        ud, us, idn, isp, *seg = inputs
+        return torch.sigmoid(run(ud, us, idn, isp, seg[0] if seg else None).float())
+
+    return probabilities
 
 
 def _vector_order(model: DLRM, num_user_tables: int) -> tuple[list[int], list[int]]:

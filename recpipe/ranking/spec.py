@@ -17,7 +17,10 @@ def build(cfg: StageConfig) -> Stage:
 
     opts = cfg.options
     assert isinstance(opts, RankingOptions)
-    return RankingStage.over(lambda: RankingCore.load(cfg.models_dir, device=cfg.device, **asdict(opts)), cfg)
+    # the forward's user buckets are warmed up to the batcher's largest batch (0: its auto)
+    max_batch = cfg.batch.max_batch if cfg.batch is not None else 0
+    return RankingStage.over(lambda: RankingCore.load(cfg.models_dir, device=cfg.device, max_batch=max_batch,
+                                                      **asdict(opts)), cfg)
 
 
 SPEC = StageSpec(NAME, port_offset=3, build=build, cost=4.7, nice=COMPUTE_NICE, options=RankingOptions, threads=("torch",),

@@ -3,18 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
-import polars as pl
 
+from recpipe.auc import auc
 
-def auc(labels: np.ndarray, scores: np.ndarray) -> float:
-    """ROC AUC by the rank-sum formula (ties share the average rank); NaN if one class is missing."""
-    y = np.asarray(labels).astype(bool)
-    n_pos = int(y.sum())
-    n_neg = int(y.size - n_pos)
-    if n_pos == 0 or n_neg == 0:
-        return float("nan")
-    ranks = pl.Series(np.asarray(scores, dtype=np.float64)).rank("average").to_numpy()
-    return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+__all__ = ["auc", "recall_at_k"]
 
 
 def recall_at_k(retrieved: np.ndarray, user_rows: np.ndarray, item_ids: np.ndarray) -> float:

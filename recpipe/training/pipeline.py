@@ -35,6 +35,7 @@ from recpipe.filemodes import follow_umask
 from recpipe.files import swap_dir
 from recpipe.preprocess import PreprocessConfig, Preprocessor
 from recpipe.ranking import artifacts as ranking_artifacts
+from recpipe.ranking import probe as ranking_probes
 from recpipe.repository import (
     PLACEHOLDER_README,
     check_replaceable,
@@ -49,6 +50,7 @@ from recpipe.training import loops, threads
 from recpipe.training.config import TrainConfig
 from recpipe.training.metrics import auc, recall_at_k
 from recpipe.training.precision_eval import precision_aucs
+from recpipe.training.precision_eval import probe as precision_probe
 
 log = logging.getLogger(__name__)
 RECALL_K = 500
@@ -187,6 +189,8 @@ def _train(
     # 10.7 s at full scale on two threads against 5.2 s on one (BENCHMARKS.md, "Training threads")
     with threads.torch_threads(1):
         auc_by_precision = precision_aucs(dlrm, core, precision_rows)
+    # the rows the ranking stage checks each form against fp32 on at load (recpipe.ranking.probe)
+    ranking_probe = precision_probe(core, precision_rows)
     t = lap("precision_eval", t)
 
     out_parent = out.parent if str(out.parent) else Path(".")
@@ -197,6 +201,7 @@ def _train(
         feature_artifacts.save_rows(tmp, *core.rows())
         retrieval_artifacts.save(tmp, two_tower, item_emb, index, spec, tried)
         ranking_artifacts.save(tmp, dlrm)
+        ranking_probes.save(tmp, ranking_probe)
         timings["total"] = round(time.perf_counter() - t_start, 3)
         oracle = data_manifest.get("oracle") or {}
         content = {

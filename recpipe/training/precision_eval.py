@@ -18,6 +18,7 @@ from recpipe.features.core import FeatureCore
 from recpipe.ranking import precision
 from recpipe.ranking.model import DLRM
 from recpipe.ranking.predictor import Predictor
+from recpipe.ranking.probe import PROBE_ROWS, Probe
 from recpipe.training.metrics import auc
 
 #: candidates per forward at most (users are never split across forwards)
@@ -54,3 +55,18 @@ def precision_aucs(model: DLRM, core: FeatureCore, rows: pl.DataFrame) -> dict[s
         predictor.set_user_tables(int(core.user_sparse.shape[1]))
         result[form] = round(auc(labels, served_scores(predictor, core, users, items)), 5)
     return result
+
+
+def probe(core: FeatureCore, rows: pl.DataFrame, max_rows: int = PROBE_ROWS) -> Probe:
+    """The ranking stage's probe (``recpipe.ranking.probe``): whole users of ``rows`` (user_id, item_id,
+    label; held-out), in user order, up to ``max_rows`` rows, as the stage sees them."""
+    rows = rows.sort("user_id", maintain_order=True)
+    users, items, labels = (rows[c].to_numpy() for c in ("user_id", "item_id", "label"))
+    starts = np.flatnonzero(np.r_[True, users[1:] != users[:-1]]) if len(users) else np.zeros(0, np.int64)
+    ends = np.r_[starts[1:], len(users)].astype(np.int64)
+    keep = int(np.searchsorted(ends, max_rows, side="right"))  # whole users while they fit
+    n = int(ends[keep - 1]) if keep else 0
+    u = users[starts[:keep]]
+    return Probe(core.user_dense_rows(u), core.user_sparse[u], core.item_dense_rows(users[:n], items[:n]),
+                 core.item_sparse[items[:n]], (ends[:keep] - starts[:keep]).astype(np.int64),
+                 labels[:n].astype(np.float32), f"{n:,} held-out rows of {keep:,} users")

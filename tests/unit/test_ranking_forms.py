@@ -119,8 +119,7 @@ def test_the_wide_part_round_trips_and_refuses_a_table_it_cannot_serve() -> None
 @pytest.mark.parametrize(("interaction", "form"), [pytest.param("dot", "bf16", marks=pytest.mark.slow),
                                                    ("dot", "int8"), ("dcn", "int8"), ("dot+wide", "int8")])
 def test_lower_precisions_stay_close_to_fp32_and_leave_its_weights_alone(interaction: str, form: str) -> None:
-    if form == "bf16" and not precision.native_bf16():
-        pytest.skip("no native bf16 on this CPU")
+    # bf16 runs on every CPU here (emulated where it is not native), so neither kind of CPU hides the path
     model = model_with(interaction.removesuffix("+wide"), wide=interaction.endswith("+wide"))
     before = {k: v.clone() for k, v in model.state_dict().items()}
     counts = [40, 7]
@@ -145,6 +144,16 @@ def test_lower_precisions_stay_close_to_fp32_and_leave_its_weights_alone(interac
         np.testing.assert_allclose(low.score_batch(*requests([9]), [9]), want, atol=2e-2)
 
 
+class _Check:
+    """A form's check at load, as ``recpipe.ranking.probe.FormCheck`` reports it."""
+
+    def __init__(self, ok: bool, auc_delta: float | None = 0.0) -> None:
+        self.ok, self.auc_delta = ok, auc_delta
+
+    def describe(self) -> str:
+        return "within the bound" if self.ok else "BREAKS the bound"
+
+
 def test_precision_choice() -> None:
     cpu = torch.device("cpu")
     calls: list[str] = []
@@ -157,10 +166,105 @@ def test_precision_choice() -> None:
     assert old.form == "fp32" and "no per-precision AUC" in old.reason and not calls
     # int8 loses too much AUC: never timed, never picked
     picked = precision.choose("auto", cpu, {"fp32": 0.80, "bf16": 0.7995, "int8": 0.79}, timers, rounds=2)
-    assert picked.form in ("fp32", "bf16") and "int8" not in calls and "over the AUC budget: int8" in picked.reason
+    assert picked.form in ("fp32", "bf16") and "int8" not in calls and "int8: over the AUC budget" in picked.reason
+    # within the AUC budget but breaking the |dp| bound at load: never timed, never picked
+    calls.clear()
+    checks = {"bf16": _Check(True), "int8": _Check(False)}
+    picked = precision.choose("auto", cpu, {"fp32": 0.80, "bf16": 0.80, "int8": 0.80}, timers, rounds=2, checks=checks)
+    assert picked.form in ("fp32", "bf16") and "int8" not in calls and "int8: breaks the bound at load" in picked.reason
+    # no AUC in the manifest, but the probe measured it at load: that is evidence enough
+    calls.clear()
+    picked = precision.choose("auto", cpu, None, timers, rounds=2, checks={"int8": _Check(True)})
+    assert "int8" in calls and "bf16" not in calls  # bf16: no AUC measured for it either way
+    assert "bf16: no AUC measured for it" in picked.reason
+    # asked for by name: served, with its check in the reason, whether or not it keeps the bound
+    named = precision.choose("int8", cpu, None, timers, checks={"int8": _Check(False)})
+    assert named.form == "int8" and "BREAKS the bound" in named.reason
     with pytest.raises(UsageError, match="CUDA"):
         precision.choose("int8", torch.device("cuda"), None, timers)
     assert precision.choose("auto", torch.device("cuda"), {"fp32": 0.8}, timers).form == "fp32"
+
+
+def test_the_probe_check_measures_the_largest_probability_move_and_the_auc_delta() -> None:
+    from recpipe.ranking import probe as probes
+    from recpipe.ranking.contract import RankingLimits
+
+    limits = RankingLimits(5, 4, np.array(SIZES[:4]), np.array(SIZES[4:]))
+    rows = probes.synthetic(limits, users=3, per_user=40)
+    assert rows.rows == 120 and rows.labels is None and [u[4] for u in rows.users()] == [[40]] * 3
+    assert (rows.user_sparse < limits.user_table_sizes).all() and (rows.item_sparse < limits.item_table_sizes).all()
+    g = np.random.default_rng(0)
+    labelled = probes.Probe(rows.user_dense, rows.user_sparse, rows.item_dense, rows.item_sparse, rows.counts,
+                            (g.random(120) < 0.3).astype(np.float32), "120 test rows")
+    ref = g.random(120)
+    close = probes.check("bf16", ref, ref + 0.01, labelled)
+    assert close.ok and close.max_abs_dp == pytest.approx(0.01) and close.auc_delta == pytest.approx(0.0)
+    far = probes.check("int8", ref, np.where(np.arange(120) == 7, ref + 0.05, ref), labelled)
+    assert not far.ok and far.max_abs_dp == pytest.approx(0.05) and "BREAKS" in far.describe()
+    shuffled = probes.check("int8", ref, g.permutation(ref), labelled)  # the order lost: the AUC moves
+    assert shuffled.auc_delta is not None and shuffled.auc_delta != pytest.approx(0.0)
+    assert probes.check("int8", ref, ref, rows).auc_delta is None  # no labels, no AUC
+    # the probe's scores are what the predictor gives each user's rows alone
+    model = model_with("dot")
+    predictor = Predictor(model, torch.device("cpu"))
+    predictor.set_user_tables(4)
+    scores = probes.scores(predictor, rows)
+    first = predictor.score_batch(rows.user_dense[:1], rows.user_sparse[:1], rows.item_dense[:40],
+                                  rows.item_sparse[:40], [40])
+    np.testing.assert_array_equal(scores[:40], first)
+
+
+def _compiles() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("form", ["bf16"])
+def test_a_compiled_form_serves_the_buckets_it_warmed_and_never_compiles_after(form: str) -> None:
+    """Whatever the CPU (bf16 is emulated where not native): every bucket up to the warmed batch is
+    compiled before serving, any candidate count in it runs without a compile, and a shape beyond the
+    warmed users runs eagerly instead of compiling."""
+    from recpipe.ranking.predictor import MAX_ROWS, row_buckets
+
+    model = model_with("dot", wide=True)
+    low = Predictor(model, torch.device("cpu"), precision=form)
+    low.set_user_tables(4)
+    assert low.compiled and low.mode == "padded"
+    eager = Predictor(model, torch.device("cpu"), precision=form, compile=False)
+    eager.set_user_tables(4)
+    low.warm_buckets(max_users=4)
+    assert low.sealed and low.warmed == {(u, r) for u in (1, 2, 4) for r in row_buckets()}
+    assert row_buckets()[0] == 64 and row_buckets()[-1] == MAX_ROWS
+    compiled = _compiles()
+    g = np.random.default_rng(5)
+    for _ in range(12):
+        counts = [int(c) for c in g.integers(1, 900, size=int(g.integers(1, 5)))]
+        args = requests(counts, seed=int(g.integers(1000)))
+        np.testing.assert_allclose(low.score_batch(*args, counts), eager.score_batch(*args, counts), atol=2e-2)
+    for k in (1, 2, 3, 17, 500, MAX_ROWS):
+        low.score_batch(*requests([k]), [k])
+    assert _compiles() == compiled and low.unwarmed_forwards == 0
+    # eight users were not warmed (max_users 4): the same module runs eagerly, nothing compiles
+    counts = [3] * 8
+    args = requests(counts)
+    np.testing.assert_allclose(low.score_batch(*args, counts), eager.score_batch(*args, counts), atol=2e-2)
+    assert _compiles() == compiled and low.unwarmed_forwards == 1
+
+
+def test_eager_forms_warm_nothing_and_padded_twins_warm_every_bucket() -> None:
+    from recpipe.ranking.predictor import row_buckets
+
+    fp32 = Predictor(model_with("dot"), torch.device("cpu"))
+    fp32.set_user_tables(4)
+    assert fp32.warm_buckets(max_users=32) == 0 and not fp32.warmed and fp32.mode == "eager"
+    twin = Predictor(model_with("dot"), torch.device("cpu"), "padded")  # the CPU twin of CUDA graphs
+    twin.set_user_tables(4)
+    assert twin.warm_buckets(max_users=3) == 3 * len(row_buckets())  # users 1, 2, 4
+    counts = [5, 1, 12]
+    args = requests(counts)
+    np.testing.assert_allclose(twin.score_batch(*args, counts), fp32.score_batch(*args, counts), rtol=1e-5, atol=1e-6)
 
 
 def test_cpu_flags_are_read_from_cpuinfo(tmp_path) -> None:
