@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-results", type=int, default=10)
     parser.add_argument("--device", default="cpu", help="retrieval and ranking device (auto|cpu|cuda)")
     parser.add_argument("--threads", type=int, default=0, help="compute threads per stage (0 = library default)")
-    parser.add_argument("--workers", type=int, default=0, help="stage core threads (0 = on the event loop)")
+    parser.add_argument("--workers", type=int, default=0, help="stage core threads (0 = on the event loop when predicted short)")
     parser.add_argument("--target", default=None, help="measure this running gateway instead of starting one (its "
                         "answers equal the in-process chain's when it ranks in fp32: --ranking-precision fp32)")
     parser.add_argument("--seed", type=int, default=0)

@@ -35,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--candidates", type=int, default=500, help="items in the payload (default %(default)s)")
     parser.add_argument("--max-batch", type=int, default=32, help="the stage's batcher (1 = off)")
     parser.add_argument("--workers", type=int, default=0,
-                        help="the stage's --workers: 0 = core calls inline on the loop, 1 = on a thread")
+                        help="the stage's --workers: 0 = core calls inline on the loop (the free core's calls "
+                             "are predicted short, after the first), 1 = on a thread")
 
 
 class _FreeRankingCore:

@@ -55,7 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="auto|cpu|cuda[:N] for the stages that run a model")
     parser.add_argument("--threads", type=threads_arg, default=None, help=THREADS_HELP)
     parser.add_argument("--workers", type=int, default=0,
-                        help="run unbatched core calls on N threads per stage instead of the event loop (0 = inline)")
+                        help="run core calls on N threads per stage instead of the event loop (0 = inline when "
+                             "predicted short, else on a thread)")
     parser.add_argument("--nvtx", action="store_true",
                         help="NVTX ranges per stage step (decode, queue, compute, encode) for nsys (CUDA only)")
     seen: dict[str, object] = {}

@@ -54,7 +54,8 @@ AUGMENT_USER: Method[FeatureCoreLike, UserQuery, UserFeatures] = Method(
     "AugmentUser", "augment_user", lambda core, request: UserQuery.checked(int(request.user_id), core.limits),
     _encode_user, single=lambda core: core.user_features)
 AUGMENT_ITEMS: Method[FeatureCoreLike, ItemsQuery, ItemFeatures] = Method(
-    "AugmentItems", "augment_items", _decode_items, _encode_items, batch=lambda core: core.items_batch)
+    "AugmentItems", "augment_items", _decode_items, _encode_items, batch=lambda core: core.items_batch,
+    rows=lambda query: int(query.item_ids.shape[0]))
 
 
 class FeatureStage(CoreStage[FeatureCoreLike]):

@@ -53,7 +53,7 @@ def _encode(core: RankingCoreLike, scores: np.ndarray) -> ranking_pb2.RankRespon
 
 
 RANK: Method[RankingCoreLike, RankQuery, np.ndarray] = Method(
-    "Rank", "rank", _decode, _encode, batch=lambda core: core.rank_batch)
+    "Rank", "rank", _decode, _encode, batch=lambda core: core.rank_batch, rows=lambda query: query.k)
 
 
 class RankingStage(CoreStage[RankingCoreLike]):

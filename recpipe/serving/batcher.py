@@ -6,7 +6,10 @@ Modelled on Triton's dynamic batcher and queue policy and Ray Serve's ``@serve.b
 - ``submit(query, deadline)`` puts a request in a bounded queue and waits for its answer;
 - one worker task takes up to ``max_batch`` queued requests at a time, waiting at most
   ``max_queue_delay_us`` after the first for others to arrive (0: take what is already queued), runs
-  the core's batch function once off the event loop and hands each request its own answer;
+  the core's batch function once and hands each request its own answer. The call runs on the batcher's
+  own thread, or inline on the event loop where inline calls are allowed and the call is predicted
+  short from the batcher's seconds per row (``recpipe.serving.inline``): a long call never holds the
+  loop, so the health service keeps answering while it computes;
 - **admission**: a request is refused at once with ``Overloaded`` (RESOURCE_EXHAUSTED) when the queue
   is full, or when its remaining deadline is shorter than the stage's recent service time per request
   times the requests queued and running ahead of it plus its own (it could not finish in time, so
@@ -17,9 +20,9 @@ Modelled on Triton's dynamic batcher and queue policy and Ray Serve's ``@serve.b
 - every answer carries its queue time, the compute time of the core call and the batch size, the
   split perf_analyzer reports.
 
-While a batch computes on the worker thread, the loop keeps accepting requests, so under load batches
-grow by themselves (adaptive batching) and at low load a request runs alone, with no added delay
-unless ``max_queue_delay_us`` asks for it.
+While a batch computes on the thread, the loop keeps accepting requests, so under load batches grow by
+themselves (adaptive batching) and at low load a request runs alone, with no added delay unless
+``max_queue_delay_us`` asks for it.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from typing import Generic, TypeVar
 
 from recpipe.errors import DeadlineExceeded, Overloaded, StageUnavailable, UsageError
 from recpipe.serving import nvtx
+from recpipe.serving.inline import CallCost
 from recpipe.serving.options import StageOptions, option
 
 Q = TypeVar("Q")
@@ -102,19 +106,27 @@ class _Pending(Generic[Q, R]):
     future: asyncio.Future[Batched[R]]
     deadline: float | None  # time.monotonic() instant
     enqueued_ns: int
+    rows: int
     nvtx_queue: int | None = None
+
+
+def _one_row(query: object) -> int:
+    return 1
 
 
 class Batcher(Generic[Q, R]):
     """Batches ``fn(queries) -> answers`` (one answer, or an exception instance, per query) for ``stage``.
 
-    ``fn`` runs on a thread of its own (``threaded``), so the event loop stays free to accept, refuse and
-    queue requests meanwhile; or inline on the loop, which saves the thread hop (tens to hundreds of
-    microseconds per batch) but leaves arriving requests, refusals included, waiting for the batch.
+    ``fn`` runs on a thread of its own, so the event loop stays free to accept, refuse and queue requests
+    and to answer health checks meanwhile. With ``inline``, a call predicted short (``cost``: its seconds
+    per row, ``rows(query)`` rows per query, 1 by default) runs on the loop instead, which saves the
+    thread hop (tens to hundreds of microseconds per batch) but leaves arriving requests, refusals
+    included, waiting for the batch.
     """
 
     def __init__(self, stage: str, fn: Callable[[Sequence[Q]], Sequence[R | BaseException]],
-                 config: BatchConfig, *, device: str = "cpu", threaded: bool = True) -> None:
+                 config: BatchConfig, *, device: str = "cpu", inline: bool = False,
+                 rows: Callable[[Q], int] | None = None) -> None:
         self.stage = stage
         self.fn = fn
         #: The knobs with "auto" resolved for ``device``, once: ``max_batch`` is >= 1 from here on (the
@@ -125,7 +137,12 @@ class Batcher(Generic[Q, R]):
         self._queue: deque[_Pending[Q, R]] = deque()
         self._wake: asyncio.Event | None = None
         self._worker: asyncio.Task[None] | None = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{stage}-core") if threaded else None
+        self.inline = inline
+        self._rows = rows or _one_row
+        #: Seconds per row of ``fn``, which decides where a call runs (``recpipe.serving.inline``).
+        self.cost = CallCost()
+        # Its thread starts with the first call that needs it.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{stage}-core")
         self._closed = False
         self._running: list[_Pending[Q, R]] = []
         #: Recent core time per request in seconds (EWMA of batch time / batch size); 0 until the first
@@ -159,13 +176,15 @@ class Batcher(Generic[Q, R]):
                 raise Overloaded(f"{self.stage}: {left * 1e3:.1f} ms left of the deadline, less than the "
                                  f"{expected * 1e3:.1f} ms the {len(self._queue)} queued and "
                                  f"{len(self._running)} running requests need at the recent service time")
-        if self._executor is None and self.config.max_batch == 1 and not self._queue and not self._running:
-            return self._call_now(query)
+        rows = self._rows(query)
+        if (self.inline and self.config.max_batch == 1 and not self._queue and not self._running
+                and self.cost.short(rows)):
+            return self._call_now(query, rows)
         loop = asyncio.get_running_loop()
         if self._worker is None:
             self._wake = asyncio.Event()
             self._worker = loop.create_task(self._run(), name=f"{self.stage}-batcher")
-        pending: _Pending[Q, R] = _Pending(query, loop.create_future(), deadline, time.perf_counter_ns())
+        pending: _Pending[Q, R] = _Pending(query, loop.create_future(), deadline, time.perf_counter_ns(), rows)
         self._queue.append(pending)
         pending.nvtx_queue = nvtx.start(self._nvtx_queue)
         assert self._wake is not None
@@ -191,8 +210,7 @@ class Batcher(Generic[Q, R]):
             self._worker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._worker
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+        self._executor.shutdown(wait=False, cancel_futures=True)
 
     async def _run(self) -> None:
         assert self._wake is not None
@@ -214,10 +232,11 @@ class Batcher(Generic[Q, R]):
             compute_range = nvtx.start(self._nvtx_compute)
             try:
                 queries = [p.query for p in batch]
-                if self._executor is None:
-                    answers = self.fn(queries)
+                rows = sum(p.rows for p in batch)
+                if self.inline and self.cost.short(rows):
+                    answers = self.cost.call(self.fn, queries, rows)
                 else:
-                    answers = await loop.run_in_executor(self._executor, self.fn, queries)
+                    answers = await loop.run_in_executor(self._executor, self.cost.call, self.fn, queries, rows)
                 if len(answers) != len(batch):
                     raise RuntimeError(f"{self.stage}: batch of {len(batch)} got {len(answers)} answers")
             except Exception as e:  # the whole core call failed: every request in it gets the error
@@ -234,14 +253,14 @@ class Batcher(Generic[Q, R]):
                 else:
                     p.future.set_result(Batched(answer, (start - p.enqueued_ns) // 1000, compute_us, len(batch)))
 
-    def _call_now(self, query: Q) -> Batched[R]:
-        """One request run at once on the loop, alone: with batching off, inline core calls and nothing
-        queued or running there is nothing to batch it with and nothing ahead of it, so the worker's
-        hand-off (three extra event-loop turns per call) would only add latency."""
+    def _call_now(self, query: Q, rows: int) -> Batched[R]:
+        """One short request run at once on the loop, alone: with batching off, inline core calls and
+        nothing queued or running there is nothing to batch it with and nothing ahead of it, so the
+        worker's hand-off (three extra event-loop turns per call) would only add latency."""
         start = time.perf_counter_ns()
         compute_range = nvtx.start(self._nvtx_compute)
         try:
-            answers = self.fn([query])
+            answers = self.cost.call(self.fn, [query], rows)
             if len(answers) != 1:
                 raise RuntimeError(f"{self.stage}: batch of 1 got {len(answers)} answers")
             answer = answers[0]

@@ -27,8 +27,9 @@ class StageConfig:
     """Everything one stage process needs.
 
     ``port`` 0 picks a free port; ``metrics_port`` None disables /metrics, 0 picks a free port.
-    ``threads`` 0 leaves the libraries' defaults; ``workers`` 0 runs unbatched core calls on the event
-    loop, N > 0 on a pool of N threads (batched calls always run on the batcher's own thread).
+    ``threads`` 0 leaves the libraries' defaults; ``workers`` 0 runs core calls on the event loop when
+    they are predicted short and on a thread otherwise (``recpipe.serving.inline``), N > 0 unbatched
+    ones on a pool of N threads and batched ones on their batcher's thread.
     ``batch`` sets the dynamic batcher of the batched methods (None: the stage's declared default);
     ``targets`` maps each stage this one calls (its spec's ``upstream``) to a gRPC target; ``nvtx``
     marks each request step with an NVTX range; ``options`` are the stage's own settings; ``standby``:

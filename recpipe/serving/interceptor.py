@@ -5,10 +5,17 @@ a handler rebuild). A ``RecpipeError`` escaping a unary handler becomes its stat
 ``recpipe.serving.status``; anything else becomes INTERNAL with a log line carrying the traceback, and
 the process keeps serving. Status messages are cut to ``MAX_DETAILS`` characters whatever they quote.
 
+The expected outcomes are counted under their code and logged as counts at most once per interval
+(``recpipe.serving.outcomes``), never as tracebacks: a refusal (RESOURCE_EXHAUSTED), a deadline the call
+could not make (DEADLINE_EXCEEDED), a call its caller cancelled, and a call whose deadline passed before
+its answer or status was sent. Nothing is sent for the last: its caller has already timed out, and gRPC
+can no longer send on the call (it would log an ``ExecuteBatchError`` traceback for trying), so the
+handler ends as a cancelled one.
+
 Every method, streaming ones included (health Watch, reflection), is registered with a tolerant
 request deserializer (``recpipe.serving.malformed``): bytes that are not the method's message are
-answered INVALID_ARGUMENT "malformed request", counted under that code, and logged at most once per
-interval. Streaming handlers are otherwise passed through untouched.
+answered INVALID_ARGUMENT "malformed request", counted under that code, and logged as counts the same
+way. Streaming handlers are otherwise passed through untouched.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 from grpc import aio
@@ -26,6 +33,7 @@ from grpc import aio
 from recpipe.errors import RecpipeError, clip
 from recpipe.serving import malformed
 from recpipe.serving.metrics import ServerMetrics
+from recpipe.serving.outcomes import Outcome
 from recpipe.serving.status import code_for
 
 log = logging.getLogger(__name__)
@@ -34,15 +42,20 @@ log = logging.getLogger(__name__)
 Behavior = Callable[..., Any]
 #: A status message longer than this is cut (the codec already cuts each quoted client value to 200).
 MAX_DETAILS = 1000
+#: The status codes whose answers are expected outcomes, logged as counts.
+_EXPECTED: dict[grpc.StatusCode, Outcome] = {
+    grpc.StatusCode.RESOURCE_EXHAUSTED: Outcome.REFUSED,
+    grpc.StatusCode.DEADLINE_EXCEEDED: Outcome.DEADLINE,
+    grpc.StatusCode.CANCELLED: Outcome.CANCELLED,
+}
 
 
 class ServingInterceptor(aio.ServerInterceptor):
     """Maps errors to status codes and records requests, errors, latency and in-flight per method."""
 
-    def __init__(self, metrics: ServerMetrics, malformed_log_every_s: float = malformed.LOG_EVERY_S) -> None:
+    def __init__(self, metrics: ServerMetrics) -> None:
         self._metrics = metrics
         self._wrapped: dict[str, grpc.RpcMethodHandler] = {}
-        self._malformed_log = malformed.MalformedLog(metrics.stage, malformed_log_every_s)
 
     async def intercept_service(
         self,
@@ -91,8 +104,8 @@ class ServingInterceptor(aio.ServerInterceptor):
     async def _answer_malformed(self, name: str, request: malformed.Malformed, context: aio.ServicerContext) -> None:
         m = self._metrics.method(name)
         m.requests.inc()
-        self._metrics.error(name, grpc.StatusCode.INVALID_ARGUMENT.name)
-        self._malformed_log.record(name, request)
+        self._metrics.error(name, Outcome.MALFORMED.code)
+        self._metrics.outcomes.record(Outcome.MALFORMED, name, request.describe())
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, malformed.MESSAGE)
 
     def _refuse_malformed(self, name: str, behavior: Behavior) -> Behavior:
@@ -152,32 +165,64 @@ class ServingInterceptor(aio.ServerInterceptor):
 
     def _wrap(self, name: str, behavior: Behavior) -> Behavior:
         m = self._metrics.method(name)
-        metrics = self._metrics
+        fail, ended = self._fail, self._ended
 
         async def handle(request: Any, context: aio.ServicerContext) -> Any:
             m.requests.inc()
             m.in_flight.inc()
             start = time.perf_counter()
             try:
-                return await behavior(request, context)
+                reply = await behavior(request, context)
             except RecpipeError as e:
-                code = code_for(e)
-                metrics.error(name, code.name)
-                await context.abort(code, clip(e, MAX_DETAILS))
-            except (asyncio.CancelledError, aio.AbortError):
-                # The client went away, or the handler aborted with its own status: nothing to map.
+                await fail(name, context, code_for(e), clip(e, MAX_DETAILS))
+            except aio.AbortError:
+                raise  # the handler aborted with its own status: nothing to map
+            except asyncio.CancelledError:
+                ended(name, context, "cancelled while it was being handled")
                 raise
             except Exception as e:
                 log.exception("%s failed", name)
-                metrics.error(name, grpc.StatusCode.INTERNAL.name)
-                await context.abort(
-                    grpc.StatusCode.INTERNAL, clip(f"{name}: internal error ({type(e).__name__}: {e})", MAX_DETAILS)
-                )
+                await fail(name, context, grpc.StatusCode.INTERNAL,
+                           clip(f"{name}: internal error ({type(e).__name__}: {e})", MAX_DETAILS))
+            else:
+                if _expired(context):
+                    ended(name, context, "answered after its deadline")
+                    raise asyncio.CancelledError
+                return reply
             finally:
                 m.latency.observe(time.perf_counter() - start)
                 m.in_flight.dec()
 
         return handle
+
+    async def _fail(self, name: str, context: aio.ServicerContext, code: grpc.StatusCode, details: str) -> NoReturn:
+        """End the call with ``code``: count it, log it as counts if it is an expected outcome, and send
+        the status while the caller still waits for it (else end it as cancelled, sending nothing)."""
+        self._metrics.error(name, code.name)
+        expired = _expired(context)
+        outcome = _EXPECTED.get(code)
+        if outcome is not None:
+            self._metrics.outcomes.record(Outcome.EXPIRED if expired else outcome, name, details)
+        if expired:
+            raise asyncio.CancelledError
+        try:
+            await context.abort(code, details)
+        except aio.InternalError:
+            # gRPC could not send the status: the call ended between the check above and the send (its
+            # deadline passed, or its caller cancelled). Already counted; nothing else to do.
+            raise asyncio.CancelledError from None
+
+    def _ended(self, name: str, context: aio.ServicerContext, detail: str) -> None:
+        """Count and log a call that ends without an answer: past its deadline, or cancelled by its caller."""
+        outcome = Outcome.EXPIRED if _expired(context) else Outcome.CANCELLED
+        self._metrics.error(name, outcome.code)
+        self._metrics.outcomes.record(outcome, name, detail)
+
+
+def _expired(context: aio.ServicerContext) -> bool:
+    """Whether the call's deadline has passed (its caller has stopped waiting for an answer)."""
+    remaining = context.time_remaining()
+    return remaining is not None and remaining <= 0
 
 
 def _is_async(behavior: Behavior | None) -> bool:

@@ -1,4 +1,5 @@
-"""Prometheus metrics for one server: requests, errors, latency histogram per RPC, and in-flight RPCs.
+"""Prometheus metrics for one server: requests, errors, latency histogram per RPC, and in-flight RPCs;
+and the log of its expected non-OK outcomes, as counts (``recpipe.serving.outcomes``).
 
 Each server gets its own ``CollectorRegistry`` so several servers can live in one process (tests, the
 in-process chain) without their series colliding. Label children are cached per method: looking them up
@@ -12,6 +13,8 @@ from dataclasses import dataclass
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from recpipe.serving.outcomes import LOG_EVERY_S, OutcomeLog
 
 #: Seconds; spans a fast feature gather (100 µs) to a stalled call.
 LATENCY_BUCKETS: tuple[float, ...] = (
@@ -29,16 +32,19 @@ class MethodMetrics:
 
 
 class ServerMetrics:
-    """The metric families of one server (``stage`` is a constant label on every series)."""
+    """The metric families of one server (``stage`` is a constant label on every series), and ``outcomes``,
+    the log of its expected non-OK outcomes (at most one line per kind per ``log_every_s``)."""
 
-    def __init__(self, stage: str) -> None:
+    def __init__(self, stage: str, log_every_s: float = LOG_EVERY_S) -> None:
         self.stage = stage
+        self.outcomes = OutcomeLog(stage, log_every_s)
         self.registry = CollectorRegistry()
         self._requests = Counter(
             "recpipe_requests", "RPCs received", ["stage", "method"], registry=self.registry
         )
         self._errors = Counter(
-            "recpipe_errors", "RPCs answered with a non-OK status", ["stage", "method", "code"],
+            "recpipe_errors", "RPCs that ended with a non-OK status (sent, or seen by a caller that timed out "
+            "or cancelled)", ["stage", "method", "code"],
             registry=self.registry,
         )
         self._latency = Histogram(
@@ -72,6 +78,7 @@ class ServerMetrics:
         return int(self._http.server_port)
 
     def close(self) -> None:
+        self.outcomes.flush()
         if self._http is not None:
             self._http.shutdown()
             self._http.server_close()

@@ -18,6 +18,7 @@ from recpipe.errors import DeadlineExceeded, StageUnavailable
 from recpipe.serving import nvtx
 from recpipe.serving import threads as thread_settings
 from recpipe.serving.batcher import BatchConfig, Batched, Batcher
+from recpipe.serving.inline import CallCost
 
 if TYPE_CHECKING:
     from grpc import aio
@@ -80,7 +81,9 @@ class Method(Generic[C, Q, R]):
     answers, one per query), run through the stage's dynamic batcher; or ``single(core)``: a call on one
     query, run directly (for calls too cheap to queue). ``encode(core, answer)``: the response message,
     whose ``server_us``/``queue_us``/``compute_us``/``batch_size`` the template fills in. ``step`` names
-    the request's steps in NVTX ranges (``{step}.decode`` ...).
+    the request's steps in NVTX ranges (``{step}.decode`` ...). ``rows(query)``: what a query's compute
+    time grows with (candidates, items; None: 1 per query), from which the stage predicts whether a
+    call is short enough to run inline on the event loop (``recpipe.serving.inline``).
     """
 
     name: str
@@ -89,6 +92,7 @@ class Method(Generic[C, Q, R]):
     encode: Callable[[C, R], Any]
     batch: Callable[[C], Callable[[Sequence[Q]], Sequence[R | BaseException]]] | None = None
     single: Callable[[C], Callable[[Q], R]] | None = None
+    rows: Callable[[Q], int] | None = None
 
     def __post_init__(self) -> None:
         if (self.batch is None) == (self.single is None):
@@ -104,9 +108,12 @@ class CoreStage(Stage, Generic[C]):
     ``methods``, ``describe(core)`` for InfoService, and one line per RPC calling ``handle``.
     ``thread_pools`` names the libraries whose thread count the stage reports, the first one loaded in
     the process ("torch", "faiss" or "polars").
-    ``workers`` 0 runs unbatched core calls inline on the event loop (the cheapest hop); N > 0 runs
-    them on a pool of N threads and the batched calls on each batcher's thread, so the loop keeps
-    accepting and refusing requests while a core computes.
+    ``workers`` 0 runs core calls inline on the event loop (the cheapest hop) when they are predicted
+    short, and the others on a thread, so that no long call holds the loop and its health service
+    (``recpipe.serving.inline``); N > 0 runs every unbatched call on a pool of N threads and every
+    batched one on its batcher's thread, so the loop keeps accepting and refusing requests while a core
+    computes. So a core's entry points run on more than one thread, and an unbatched one's calls may
+overlap; a batcher makes one call at a time.
     """
 
     thread_pools: tuple[str, ...] = ("torch",)
@@ -121,6 +128,8 @@ class CoreStage(Stage, Generic[C]):
         self._threads = threads
         self._batch_config = batch or BatchConfig()
         self._batchers: dict[str, Batcher[Any, Any]] = {}
+        #: The seconds per row of each unbatched method (batched ones: their batcher's ``cost``).
+        self._costs: dict[str, CallCost] = {}
 
     @classmethod
     def over(cls, loader: Callable[[], C], cfg: StageConfig) -> CoreStage[C]:
@@ -133,7 +142,9 @@ class CoreStage(Stage, Generic[C]):
         for m in self.methods:
             if m.batch is not None:
                 self._batchers[m.name] = Batcher(f"{self.name}.{m.name}", m.batch(core), self._batch_config,
-                                                 device=device, threaded=self._run.threaded)
+                                                 device=device, inline=self._run.inline, rows=m.rows)
+            else:
+                self._costs[m.name] = CallCost()
         self._core = core
         self._threads = next((n for n in map(thread_settings.in_use, self.thread_pools) if n), self._threads)
 
@@ -168,7 +179,8 @@ class CoreStage(Stage, Generic[C]):
             assert method.single is not None
             computed = time.perf_counter_ns()
             with nvtx.range(f"{method.step}.compute"):
-                value = await self._run(method.single(core), query)
+                rows = method.rows(query) if method.rows is not None else 1
+                value = await self._run(method.single(core), query, self._costs[method.name], rows)
             done = Batched(value, 0, elapsed_us(computed), 1)
         with nvtx.range(f"{method.step}.encode"):
             response = method.encode(core, done.value)
@@ -191,28 +203,27 @@ class CoreStage(Stage, Generic[C]):
 
 
 class CoreRunner:
-    """Runs a core call either inline on the event loop or on a dedicated thread pool.
+    """Runs an unbatched core call inline on the event loop or on a thread pool.
 
-    Inline costs nothing extra but blocks the loop for the call; a thread hop costs tens of
-    microseconds but lets the loop accept other requests while torch/FAISS/numpy (which release the
-    GIL) compute. ``recpipe bench chain --executor`` measures both.
+    Inline costs nothing extra but blocks the loop for the call; a thread hop costs tens to hundreds of
+    microseconds but lets the loop accept other requests, and answer health checks, while torch/FAISS/
+    numpy (which release the GIL) compute. ``workers`` N > 0: every call on a pool of N threads; 0: a
+    call inline when its ``CallCost`` predicts it short, else on a thread of its own.
+    ``recpipe bench hop --workers 0|1`` measures the hop.
     """
 
     def __init__(self, workers: int) -> None:
-        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="core") if workers > 0 else None
+        self.inline = workers == 0
+        # Threads start with the first call that needs one.
+        self._executor = ThreadPoolExecutor(max_workers=max(workers, 1), thread_name_prefix="core")
 
-    @property
-    def threaded(self) -> bool:
-        return self._executor is not None
-
-    async def __call__(self, fn: Callable[..., T], *args: object) -> T:
-        if self._executor is None:
-            return fn(*args)
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+    async def __call__(self, fn: Callable[[Q], T], query: Q, cost: CallCost, rows: int = 1) -> T:
+        if self.inline and cost.short(rows):
+            return cost.call(fn, query, rows)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, cost.call, fn, query, rows)
 
     def close(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+        self._executor.shutdown(wait=False, cancel_futures=True)
 
 
 def check_deadline(context: aio.ServicerContext, stage: str) -> float | None:

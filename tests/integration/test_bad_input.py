@@ -15,7 +15,8 @@ from grpc_reflection.v1alpha import reflection_pb2
 
 from recpipe.errors import clip
 from recpipe.serving import codec
-from recpipe.serving.malformed import Malformed, MalformedLog
+from recpipe.serving.malformed import Malformed
+from recpipe.serving.outcomes import Outcome, OutcomeLog
 from recpipe.v1 import (
     features_pb2,
     features_pb2_grpc,
@@ -104,14 +105,15 @@ def test_chain_still_serves_after_garbage(serving_chain):
 
 def test_malformed_log_is_rate_limited_with_a_count(caplog):
     now = [100.0]
-    log = MalformedLog("features", every_s=10.0, clock=lambda: now[0])
+    log = OutcomeLog("features", every_s=10.0, clock=lambda: now[0])
     bad = Malformed(ValueError("Wire format was corrupt"), 2)
-    with caplog.at_level(logging.WARNING, logger="recpipe.serving.malformed"):
+    with caplog.at_level(logging.WARNING, logger="recpipe.serving.outcomes"):
         for _ in range(50):
-            log.record("FeatureService/AugmentUser", bad)
+            log.record(Outcome.MALFORMED, "FeatureService/AugmentUser", bad.describe())
             now[0] += 0.1  # 50 requests over 5 s: one line
         now[0] += 6.0
-        log.record("FeatureService/AugmentItems", bad)  # 11 s after the first line: the next one, with the count
+        # 11 s after the first line: the next one, with the count
+        log.record(Outcome.MALFORMED, "FeatureService/AugmentItems", bad.describe())
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2, lines
     assert "features: 1 malformed request(s) answered INVALID_ARGUMENT" in lines[0]

@@ -1,6 +1,7 @@
 """The supervisor's mechanics on real OS processes that serve a toy feature stage (no model repository):
-start and wait for SERVING, restart a killed stage on its port, restart a frozen (SIGSTOPped) one, fail
-fast on a stage that cannot start, stop everything with SIGTERM."""
+start and wait for SERVING, restart a killed stage on its port, restart a frozen (SIGSTOPped) one but
+leave a busy one (a core call longer than ``unresponsive_s``) alone, fail fast on a stage that cannot
+start, stop everything with SIGTERM."""
 
 from __future__ import annotations
 
@@ -110,6 +111,29 @@ def test_supervisor_restarts_a_frozen_stage(caplog):
         watcher.join(30)
         with contextlib.suppress(ProcessLookupError):
             os.kill(old, signal.SIGKILL)
+
+
+def test_supervisor_leaves_a_stage_busy_with_a_long_core_call_alone(caplog):
+    """Core calls longer than ``unresponsive_s`` (with the default ``--workers 0``) run off the event loop,
+    so the stage's health keeps answering and the supervisor tells busy from frozen."""
+    caplog.set_level(logging.WARNING, logger="recpipe.serving.supervisor")
+    sup = Supervisor([toy("busy", "--delay", "2.5")], startup_timeout_s=60, grace_s=1, unresponsive_s=1.0)
+    sup.start()
+    stop = threading.Event()
+    watcher = threading.Thread(target=sup.run, args=(stop, 0.2), daemon=True)
+    pid = sup.pid("busy")
+    try:
+        watcher.start()
+        with grpc.insecure_channel(sup.addresses()["busy"]) as channel:
+            stub = features_pb2_grpc.FeatureServiceStub(channel)
+            for user in (2, 3):  # the first has no estimate yet, the second is predicted long: both off the loop
+                reply = stub.AugmentUser(features_pb2.AugmentUserRequest(user_id=user), timeout=30)
+                assert reply.user_id == user
+        assert sup.pid("busy") == pid and sup.children["busy"].restarts == 0
+        assert "has not answered its health check" not in caplog.text
+    finally:
+        stop.set()
+        watcher.join(30)
 
 
 def _zombie(pid: int) -> bool:

@@ -1,6 +1,8 @@
 """A toy feature stage as its own OS process, for the supervisor tests (no model repository needed).
 
-    python toy_serve.py PORT [--fail-at-start]
+    python toy_serve.py PORT [--fail-at-start] [--delay SECONDS]
+
+``--delay``: every AugmentUser call spends that long in the core (a long but legitimate call).
 """
 
 from __future__ import annotations
@@ -20,7 +22,14 @@ def main(argv: list[str]) -> int:
     if "--fail-at-start" in argv:
         print("toy stage: failing on purpose", file=sys.stderr)
         return 3
-    stage = FeatureStage(lambda: ToyFeatureCore(ToyWorld()))
+    delay_s = float(argv[argv.index("--delay") + 1]) if "--delay" in argv else 0.0
+
+    def load() -> ToyFeatureCore:
+        core = ToyFeatureCore(ToyWorld())
+        core.delay_s = delay_s
+        return core
+
+    stage = FeatureStage(load)
     asyncio.run(runner.serve(StageConfig("features", port=port, grace_s=2.0), stage=stage))
     return 0
 

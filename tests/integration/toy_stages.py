@@ -2,8 +2,9 @@
 gateway without a trained model repository. They satisfy the ``*CoreLike`` protocols the real
 servicers are written against, so every test here runs the real servicers, server and gateway.
 
-``delay_s`` makes a core slow (for deadline and drain tests; use the stage with ``workers=1`` so the
-sleep runs off the event loop); ``fail_with`` makes ``augment_user`` raise a chosen exception.
+``delay_s`` makes a core slow (for deadline and drain tests; with ``workers=0`` the stage runs such a
+call on a thread once it has seen one, and the first call always: ``recpipe.serving.inline``);
+``fail_with`` makes ``augment_user`` raise a chosen exception.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """The dynamic batcher on a real event loop with a real worker thread: batching, the split of the
-time, admission (queue bound, deadline), dropping expired and cancelled requests, and shutdown."""
+time, admission (queue bound, deadline), dropping expired and cancelled requests, shutdown, and where a
+core call runs (inline on the loop only when it is predicted short)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from recpipe.errors import BadRequest, DeadlineExceeded, Overloaded, StageUnavailable, UsageError
 from recpipe.serving.batcher import BatchConfig, Batcher
+from recpipe.serving.inline import INLINE_MAX_S, CallCost
 
 
 class Core:
@@ -19,6 +21,7 @@ class Core:
 
     def __init__(self, delay_s: float = 0.0) -> None:
         self.batches: list[list[int]] = []
+        self.threads: list[str] = []  # the thread each batch ran on
         self.delay_s = delay_s
         self.gate = threading.Event()
         self.gate.set()
@@ -28,6 +31,7 @@ class Core:
         if self.delay_s:
             time.sleep(self.delay_s)
         self.batches.append(list(queries))
+        self.threads.append(threading.current_thread().name)
         return [BadRequest(f"bad {q}") if q < 0 else 2 * q for q in queries]
 
 
@@ -246,18 +250,112 @@ def test_max_batch_zero_means_32_on_a_gpu_and_1_on_a_cpu() -> None:
 
 
 def test_a_lone_inline_request_runs_at_once_without_the_worker() -> None:
-    """Batching off, inline calls, nothing ahead: the request runs in ``submit`` itself (no worker task,
-    no loop turns), with the same answer, errors and service-time learning as through the queue."""
+    """Batching off, inline calls, nothing ahead, a short call predicted: the request runs in ``submit``
+    itself (no worker task, no loop turns), with the same answer, errors and service-time learning as
+    through the queue. The first call has no prediction yet, so it goes through the worker to the
+    batcher's thread."""
     core = Core()
 
     async def go() -> None:
-        b = Batcher("rank", core, BatchConfig(max_batch=1), threaded=False)
+        b = Batcher("rank", core, BatchConfig(max_batch=1), inline=True)
+        first = await b.submit(1)  # no estimate yet: the thread
+        assert (first.value, first.batch_size) == (2, 1) and b._worker is not None
+        assert b.cost.row_s is not None and b.cost.short(1)
+        loop_thread = threading.current_thread().name
+        worker, b._worker = b._worker, None
         done = await b.submit(21)
         assert (done.value, done.queue_us, done.batch_size) == (42, 0, 1)
-        assert b._worker is None and b.batches == 1 and b.request_s > 0
+        assert b._worker is None and b.batches == 2 and b.request_s > 0  # no worker needed for it
         with pytest.raises(BadRequest, match="bad -1"):
             await b.submit(-1)
+        assert core.threads[1:] == [loop_thread, loop_thread]
+        b._worker = worker
         await b.close()
 
     run(go())
-    assert core.batches == [[21], [-1]]
+    assert core.batches == [[1], [21], [-1]]
+    assert core.threads[0].startswith("rank-core")
+
+
+def test_an_inline_batcher_sends_calls_predicted_long_to_its_thread() -> None:
+    """Inline allowed, but a call predicted longer than ``INLINE_MAX_S`` (from the seconds per row it
+    learnt, times the call's rows) runs on the batcher's thread, and so does a call larger than any
+    before it; the loop stays free meanwhile."""
+    core = Core()
+
+    async def go() -> None:
+        b = Batcher("rank", core, BatchConfig(max_batch=4), inline=True, rows=lambda q: abs(q))
+        await b.submit(10)  # first call: the thread
+        # as if learnt: 100 rows fill the inline budget, and calls of up to 1000 rows were seen
+        b.cost.row_s, b.cost.max_rows = INLINE_MAX_S / 100, 1000
+        b.cost.call = lambda fn, arg, rows: fn(arg)  # type: ignore[method-assign]  # keep that estimate
+        assert (await b.submit(50)).value == 100  # 50 rows, predicted half the budget: on the loop
+        assert (await b.submit(200)).value == 400  # predicted twice the budget: the thread
+        assert (await b.submit(1000)).value == 2000
+        assert (await b.submit(2000)).value == 4000  # more rows than ever before: the thread
+        # while a long call is held at the gate on the thread, the loop runs other work
+        core.gate.clear()
+        held = asyncio.create_task(b.submit(300))
+        ticks = 0
+        while not core.gate.is_set():
+            await asyncio.sleep(0.001)
+            ticks += 1
+            if ticks == 20:
+                assert not held.done() and [300] not in core.batches  # still held, and the loop ran
+                core.gate.set()
+        assert (await held).value == 600
+        await b.close()
+
+    run(go())
+    loop_thread = threading.current_thread().name  # asyncio.run runs the loop on this thread
+    assert core.threads[1] == loop_thread
+    assert all(t.startswith("rank-core") for t in (core.threads[0], *core.threads[2:])), core.threads
+
+
+def test_a_threaded_batcher_never_runs_inline() -> None:
+    core = Core()
+
+    async def go() -> None:
+        b = Batcher("rank", core, BatchConfig(max_batch=1))
+        for i in range(5):
+            assert (await b.submit(i)).value == 2 * i
+        assert b.cost.short(1)  # predicted short, but inline calls are not allowed
+        await b.close()
+
+    run(go())
+    assert all(t.startswith("rank-core") for t in core.threads)
+
+
+def test_call_cost_predicts_from_seconds_per_row_and_only_within_the_sizes_seen() -> None:
+    cost = CallCost()
+    assert cost.predict_s(1) is None and not cost.short(1)  # nothing learnt: not short
+    cost.learn(0.002, 500)  # 4 µs per row
+    assert cost.predict_s(250) == pytest.approx(0.001) and cost.short(500)
+    assert cost.predict_s(501) is None and not cost.short(501)  # larger than any call so far
+    cost.learn(0.2, 5000)  # 40 µs per row, in a call of 5000: the average moves a fifth of the way
+    assert cost.row_s == pytest.approx(0.8 * 4e-6 + 0.2 * 40e-6)
+    assert cost.max_rows == 5000 and not cost.short(5000) and cost.short(500)
+
+
+def test_one_long_call_sends_the_next_ones_to_the_thread_until_the_average_recovers() -> None:
+    cost = CallCost()
+    for _ in range(5):
+        cost.learn(0.005, 500)
+    assert cost.short(500)
+    cost.learn(3.0, 500)  # a stall (a compile, say) inside a call predicted short
+    long_after = 0
+    while not cost.short(500):
+        cost.learn(0.005, 500)
+        long_after += 1
+    assert 10 <= long_after <= 40  # a few dozen calls on the thread, then inline again
+
+
+def test_call_cost_learns_the_time_of_a_call_that_raises() -> None:
+    cost = CallCost()
+
+    def fail(_: int) -> int:
+        raise BadRequest("no")
+
+    with pytest.raises(BadRequest):
+        cost.call(fail, 1, 3)
+    assert cost.row_s is not None and cost.max_rows == 3

@@ -69,7 +69,7 @@ def test_a_batcher_given_auto_serves_instead_of_spinning() -> None:
 
     async def go() -> list[int]:
         config = BatchConfig()
-        batcher: Batcher[int, int] = Batcher("toy.Double", lambda qs: [q * 2 for q in qs], config, threaded=False)
+        batcher: Batcher[int, int] = Batcher("toy.Double", lambda qs: [q * 2 for q in qs], config, inline=True)
         assert batcher.config.max_batch == 1 and config.max_batch == 0
         try:
             done = await asyncio.wait_for(asyncio.gather(*(batcher.submit(i) for i in range(3))), 10)
