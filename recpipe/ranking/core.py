@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from recpipe.accel import device as devices
+from recpipe.accel import traffic
 from recpipe.accel.cuda_graphs import mode_for
 from recpipe.accel.transfer import host_mapped
 from recpipe.config import DEFAULT_NUM_CANDIDATES
@@ -107,7 +108,8 @@ class RankingCore:
                 "interaction": self.config.interaction,
                 "wide": _wide(self.config),
                 "precision": self.precision.form + (" (torch.compile)" if self.predictor.compiled else ""),
-                "precision_choice": self.precision.reason, "cpu_isa": precisions.describe_isa()}
+                "precision_choice": self.precision.reason, "cpu_isa": precisions.describe_isa(),
+                traffic.KEY: self.predictor.io.traffic.describe()}
 
     @property
     def limits(self) -> RankingLimits:
