@@ -10,6 +10,9 @@
   on the legacy default stream (a no-op on the CPU).
 - ``host_mapped``: a CUDA tensor whose storage stays in pinned host memory, read by the GPU in place
   (zero-copy over UVA: PCIe on x86, NVLink-C2C on Grace Hopper).
+- ``DeviceIO.traffic``: the bytes and copies each way (``recpipe.accel.traffic``). A ``put`` on CUDA
+  stages one copy to the device (the caller's ``.to``/``copy_`` of the tensor it returns), counted
+  there; a ``fetch`` counts the copies back. On the CPU nothing crosses and only the calls count.
 
 A staging buffer is reused call after call: before the host writes one again, ``put`` waits for the
 event recorded when the last ``stream()`` block ended (free when ``fetch`` already waited for it), so
@@ -25,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from recpipe.accel.traffic import Traffic
 from recpipe.errors import UsageError
 
 _NULL = contextlib.nullcontext()
@@ -40,6 +44,8 @@ class DeviceIO:
         self._buffers: dict[str, torch.Tensor] = {}
         self._stream = torch.cuda.Stream(device) if self.cuda else None
         self._done = torch.cuda.Event() if self.cuda else None
+        #: what the calls copied so far (read by GetInfo; plain ints, so a reading is never torn)
+        self.traffic = Traffic()
 
     def stream(self) -> contextlib.AbstractContextManager[Any]:
         """Run the body on the stage's CUDA stream (a shared null context on the CPU)."""
@@ -80,6 +86,8 @@ class DeviceIO:
         view = host.numpy()
         view[:n] = arr
         view[n:] = 0
+        if self.cuda:
+            self.traffic.add_h2d(host.nbytes)
         return host
 
     def to_device(self, host: torch.Tensor) -> torch.Tensor:
@@ -91,6 +99,7 @@ class DeviceIO:
 
     def fetch_many(self, results: list[tuple[str, torch.Tensor]], n: int) -> list[np.ndarray]:
         """``fetch`` for several results with one wait for the stream."""
+        self.traffic.add_call()
         if not self.cuda:
             outs = [r[:n].numpy() for _, r in results]
             return [o if n == r.shape[0] else o.copy() for o, (_, r) in zip(outs, results, strict=True)]
@@ -98,6 +107,7 @@ class DeviceIO:
         for name, result in results:
             host = self._buffer(name, (n, *result.shape[1:]), result.dtype)
             host.copy_(result[:n], non_blocking=True)
+            self.traffic.add_d2h(host.nbytes)
             hosts.append(host)
         torch.cuda.current_stream(self.device).synchronize()
         return [h.numpy().copy() for h in hosts]

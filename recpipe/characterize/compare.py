@@ -5,6 +5,12 @@ A speed-up is ``baseline / run`` for a latency or CPU time (2.00x: the run takes
 run is better. ``differences`` names the settings that must match for the ratios to mean something
 (``recpipe.characterize.settings.COMPARABLE``); the platform-side ones (device, threads, ...) are what
 a comparison varies, and are listed, not refused.
+
+The data paths (bandwidth each way, pinned and pageable; the small-copy latency; gathers from GPU and
+from host memory; the placement advice) are compared path by path, and each stage's latency speed-up is
+shown beside the speed-up of the time its copies take: where a stage got faster, whether its transfers
+explain it. A characterization without the section (written before it existed, or on a CPU) shows
+"not measured" there.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from recpipe.characterize import report, settings
+from recpipe.characterize import datapaths, report, settings
 from recpipe.config import STEPS
 from recpipe.querygen.compare import speedup
 from recpipe.querygen.output import write_atomic
@@ -56,7 +62,7 @@ def markdown(runs: Runs, unlike: Sequence[str] = (), charts: Sequence[str] = CHA
         out.append(f"| {key} | " + " | ".join(str(doc["settings"].get(key)) for _, doc in runs) + " |")
     out.append("| sections | " + " | ".join(", ".join(doc["sections"]) for _, doc in runs) + " |")
     out += [""]
-    out += _sequential(runs) + _cpu(runs) + _sweep(runs) + _slo(runs) + _micro(runs)
+    out += _sequential(runs) + _cpu(runs) + _sweep(runs) + _slo(runs) + _micro(runs) + _data_paths(runs)
     if others:
         out += ["## Verdict", ""]
         for label, doc in others:
@@ -76,6 +82,14 @@ def verdict(label: str, base: dict[str, Any], run: dict[str, Any]) -> str:
     a, b = base["sections"].get("sweep"), run["sections"].get("sweep")
     if a and b:
         parts.append(f"peak throughput {_x(_ratio(b['peak_throughput'], a['peak_throughput']))}")
+    a, b = base["sections"].get("data_paths"), run["sections"].get("data_paths")
+    if a and b and a.get("measured") and b.get("measured"):
+        top = max(set(a["plan"]["copy_bytes"]) & set(b["plan"]["copy_bytes"]), default=None)
+        if top is not None:
+            h2d = [(datapaths.find_copy(x, datapaths.H2D, "pinned", top) or {}).get("gbps") for x in (a, b)]
+            parts.append(f"pinned H2D {datapaths.fmt_bytes(top)} {_x(_ratio(h2d[1], h2d[0]))}")
+        host = [(x.get("placement") or {}).get("host_gbps") for x in (a, b)]
+        parts.append(f"host-memory table gather {_x(_ratio(host[1], host[0]))}")
     return f"{label}: " + ("; ".join(parts) if parts else "no section both finished")
 
 
@@ -206,6 +220,94 @@ def _micro(runs: Runs) -> list[str]:
         for key in dict.fromkeys(k for r in recalls for k in r):
             out.append(f"| {key[0]} | {key[1]} | " + " | ".join(
                 "-" if r.get(key) is None else f"{r[key]:.4f}" for r in recalls) + " |")
+    return [*out, ""]
+
+
+def _paths_value(block: dict[str, Any] | None, key: tuple[str, ...]) -> float | None:
+    """One figure of a data-paths block: ``("copy", direction, memory, bytes)``, ``("small", direction,
+    clock)`` or ``("gather", table, dtype, order, where)`` (GB/s, or µs for the small copy)."""
+    if not block or not block.get("measured"):
+        return None
+    if key[0] == "copy":
+        row = datapaths.find_copy(block, key[1], key[2], int(key[3]))
+        return row["gbps"] if row else None
+    if key[0] == "small":
+        return ((block.get("small_copy") or {}).get(key[1]) or {}).get(f"{key[2]}_us")
+    row = datapaths.find_gather(block, *key[1:])
+    return row["gbps"] if row else None
+
+
+def _paths_label(key: tuple[str, ...]) -> str:
+    if key[0] == "copy":
+        return f"{key[1].upper()} {key[2]} {datapaths.fmt_bytes(int(key[3]))} GB/s"
+    if key[0] == "small":
+        return f"one small {key[1].upper()} copy, µs ({key[2]} clock)"
+    return f"gather {key[1]} {key[2]} {key[3]} ids, {'GPU' if key[4] == datapaths.DEVICE else 'host'} memory GB/s"
+
+
+def _data_paths(runs: Runs) -> list[str]:
+    labels = [lb for lb, _ in runs]
+    blocks = [doc["sections"].get("data_paths") for _, doc in runs]
+    out = ["## Data paths (CPU <-> GPU; speed-up: more GB/s, less time)", ""]
+    out += [f"- {lb}: {report.not_measured(b) or b['device']}" for lb, b in zip(labels, blocks, strict=True)] + [""]
+    keys: list[tuple[str, ...]] = []
+    for b in blocks:
+        if not b or not b.get("measured"):
+            continue
+        for c in b["copies"]:
+            keys.append(("copy", c["direction"], c["memory"], str(c["bytes"])))
+        keys += [("small", d, clock) for d in datapaths.DIRECTIONS for clock in ("device", "host")]
+        keys += [("gather", g["table"], g["dtype"], g["order"], g["where"]) for g in b["gathers"]]
+    keys = list(dict.fromkeys(keys))
+    if keys:
+        out += ["| path | " + " | ".join(labels) + "".join(f" | {lb} speed-up" for lb in labels[1:]) + " |",
+                "|---" * (1 + 2 * len(runs) - 1) + "|"]
+        for key in keys:
+            values = [_paths_value(b, key) for b in blocks]
+            cells = ["not measured" if v is None else f"{v:.2f}" for v in values]
+            # a latency is faster when it shrinks, a bandwidth when it grows
+            cells += [_x(_ratio(values[0], v) if key[0] == "small" else _ratio(v, values[0])) for v in values[1:]]
+            out.append(f"| {_paths_label(key)} | " + " | ".join(cells) + " |")
+        out += ["", "| placement of the DLRM tables | " + " | ".join(labels) + " |", "|---" * (1 + len(runs)) + "|"]
+        places = [(b or {}).get("placement") for b in blocks]
+        out.append("| host memory / GPU memory gather | " + " | ".join(
+            "not measured" if p is None else f"{p['host_over_device']:.0%}" for p in places) + " |")
+        out.append("| advice | " + " | ".join(
+            "not measured" if p is None else p["advice"].replace("|", "/") for p in places) + " |")
+        checks = [(b or {}).get("torch_check") for b in blocks]
+        out.append("| pinned H2D vs a plain torch copy | " + " | ".join(
+            "not measured" if c is None or c["ratio"] is None
+            else f"{c['ratio']:.3f} ({'within' if c['within'] else 'NOT within'} {c['tolerance']:.0%})"
+            for c in checks) + " |")
+        out += [""]
+    out += _transfers(runs)
+    return out
+
+
+def _transfers(runs: Runs) -> list[str]:
+    """Each stage's latency speed-up beside the speed-up of its copies' time (sequential)."""
+    if not _both(runs, "sequential"):
+        return []
+    labels = [lb for lb, _ in runs]
+    rows = [report.transfer_rows(doc) for _, doc in runs]
+    steps = [s for s in STEPS if any(s in r for r in rows)]
+    if not steps:
+        return ["_Copies per query: not measured (no stage reported them)._", ""]
+    out = ["Stage latency and the time its copies between host and device take (sequential; µs per query on "
+           "the measured pinned paths):", "",
+           "| stage | " + " | ".join(f"{lb} p50 ms | {lb} transfer µs" for lb in labels)
+           + "".join(f" | {lb} stage speed-up | {lb} transfer speed-up" for lb in labels[1:]) + " |",
+           "|---" * (1 + 2 * len(runs) + 2 * (len(runs) - 1)) + "|"]
+    seqs = [doc["sections"]["sequential"] for _, doc in runs]
+    for step in steps:
+        cells = []
+        t = [(r.get(step) or {}).get("transfer_us") for r in rows]
+        for seq, tu in zip(seqs, t, strict=True):
+            cells += [_ms(seq["stages"][step]["p50_us"]), "not measured" if tu is None else f"{tu:.1f}"]
+        for seq, tu in zip(seqs[1:], t[1:], strict=True):
+            cells += [_x(speedup(seqs[0]["stages"][step]["p50_us"], seq["stages"][step]["p50_us"])),
+                      _x(_ratio(t[0], tu))]
+        out.append(f"| {step} | " + " | ".join(cells) + " |")
     return [*out, ""]
 
 

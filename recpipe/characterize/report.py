@@ -5,8 +5,10 @@
 - ``stages.png``: the per-stage stack (p50 of each stage, sequential and at each sweep point);
 - ``split.png``: where each stage's time goes in the sequential run: queue, compute, the rest of the
   server's time, and the network (time the gateway saw minus the server's own), means in ms.
-The Markdown adds the platform, the settings, the SLO searches, CPU seconds per query per process and
-the micro-benchmark rows. Rewritten on every run (the directory is the command's own output).
+The Markdown adds the platform, the settings, the SLO searches, CPU seconds per query per process, the
+micro-benchmark rows and the data paths between CPU and GPU (copy bandwidth, small-copy latency,
+gathers from host and GPU memory, the placement advice, and each stage's copies per query and the time
+they take on those paths). Rewritten on every run (the directory is the command's own output).
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from recpipe.characterize import datapaths
 from recpipe.config import STEPS
+from recpipe.gateway import STEP_STAGES
 from recpipe.querygen.output import write_atomic
 from recpipe.querygen.plots import _COLORS, _figure, _save
 
@@ -191,6 +195,7 @@ def markdown(doc: dict[str, Any], charts: tuple[str, ...] = CHARTS) -> str:
             out += [f"| {name} | {r['what']} | {r['recall']:.4f} |" for name, r in recalls]
         out += ["", "Commands (each bench's full output is in the JSON):", ""]
         out += [f"- `{b['command']}`" for b in micro["benches"]] + [""]
+    out += data_paths_markdown(doc)
     out += [f"![{c}]({c})" for c in charts]
     return "\n".join(out) + "\n"
 
@@ -209,6 +214,116 @@ def _gpu_line(block: dict[str, Any]) -> list[str]:
     if g.get("measured"):
         return [f"GPU busy fraction: {g['busy_fraction']:.2f} ({g['samples']} samples)", ""]
     return [f"GPU busy fraction: unmeasured ({g.get('reason', '?')})", ""]
+
+
+def not_measured(block: dict[str, Any] | None) -> str:
+    """Why a data-paths block holds no figures (empty when it does)."""
+    if block is None:
+        return "not measured: no data paths section (a characterization from before it existed)"
+    return "" if block.get("measured") else f"not measured: {block.get('reason') or '?'}"
+
+
+def _gbps(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def _us(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def _ns(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def paths_headline(block: dict[str, Any]) -> str:
+    """One line: pinned H2D/D2H at the largest size, the small-copy floor, the placement."""
+    if why := not_measured(block):
+        return why
+    top = max(block["plan"]["copy_bytes"])
+    h2d, d2h = (datapaths.find_copy(block, d, "pinned", top) or {} for d in datapaths.DIRECTIONS)
+    small = block["small_copy"]
+    line = (f"pinned {datapaths.fmt_bytes(top)} H2D {_gbps(h2d.get('gbps'))} GB/s, D2H {_gbps(d2h.get('gbps'))} "
+            f"GB/s; small copy H2D {_us(small['h2d']['host_us'])} µs, D2H {_us(small['d2h']['host_us'])} µs")
+    place = block.get("placement")
+    if place:
+        line += f"; host tables at {place['host_over_device']:.0%} of GPU-resident"
+    return line
+
+
+def transfer_rows(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per step with copies (retrieve, rank): its bytes and copies per query (sequential), the time they
+    take on the measured paths, and that time's share of the stage's compute mean and of its p50."""
+    sec = doc["sections"]
+    seq = sec.get("sequential") or {}
+    per_stage = seq.get("transfers_per_query") or {}
+    block = sec.get("data_paths") or {}
+    times = datapaths.stage_transfers(block, per_stage)
+    out = {}
+    for step in STEPS:
+        q = per_stage.get(STEP_STAGES[step])
+        if not q:
+            continue
+        t = times.get(STEP_STAGES[step], {}).get("total_us")
+        stage = seq["stages"][step]
+        out[step] = {**q, "transfer_us": t, "of_compute": datapaths.ratio(t, stage["compute"]["mean_us"]),
+                     "of_p50": datapaths.ratio(t, stage["p50_us"])}
+    return out
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1%}"
+
+
+def data_paths_markdown(doc: dict[str, Any]) -> list[str]:
+    block = doc["sections"].get("data_paths")
+    out = ["## Data paths (CPU <-> GPU)", ""]
+    if why := not_measured(block):
+        out += [f"_{why}._", ""]
+    else:
+        assert block is not None
+        plan = block["plan"]
+        out += [f"{block['device']}: {block['method']}; {plan['repeats']} repeats after {plan['warmup']} warm-ups. "
+                "GB/s are 1e9 bytes per second.", "",
+                "| size | H2D pinned GB/s | H2D pageable GB/s | D2H pinned GB/s | D2H pageable GB/s |", "|---|---|---|---|---|"]
+        for n in plan["copy_bytes"]:
+            cells = [_gbps((datapaths.find_copy(block, d, m, n) or {}).get("gbps"))
+                     for d in datapaths.DIRECTIONS for m in ("pinned", "pageable")]
+            out.append(f"| {datapaths.fmt_bytes(n)} | " + " | ".join(cells) + " |")
+        small = block["small_copy"]
+        out += ["", f"One small copy ({small['bytes']} B, pinned), the floor of a per-request transfer: H2D "
+                f"{_us(small['h2d']['device_us'])} µs on the device, {_us(small['h2d']['host_us'])} µs as the host "
+                f"waits; D2H {_us(small['d2h']['device_us'])} / {_us(small['d2h']['host_us'])} µs.", ""]
+        chk = block["torch_check"]
+        verdict = "no figure" if chk["within"] is None else \
+            f"ratio {chk['ratio']:.3f}, {'within' if chk['within'] else 'NOT within'} {chk['tolerance']:.0%}"
+        out += [f"Cross-check: pinned H2D at {datapaths.fmt_bytes(chk['bytes'])} {_gbps(chk['events_gbps'])} GB/s "
+                f"(CUDA events) vs {_gbps(chk['torch_gbps'])} GB/s (a plain torch copy, host clock): {verdict}.", "",
+                f"Gathers ({plan['lookups']} rows from a {datapaths.fmt_bytes(plan['table_bytes'])} table):", "",
+                "| table | dtype | row B | ids | GPU memory GB/s | host memory GB/s | host / GPU | GPU ns/row | "
+                "host ns/row |", "|---|---|---|---|---|---|---|---|---|"]
+        for g in block["gathers"]:
+            if g["where"] != datapaths.DEVICE:
+                continue
+            h = datapaths.find_gather(block, g["table"], g["dtype"], g["order"], datapaths.HOST) or {}
+            share = datapaths.ratio(h.get("gbps"), g["gbps"])
+            out.append(f"| {g['table']} | {g['dtype']} | {g['row_bytes']} | {g['order']} | {_gbps(g['gbps'])} | "
+                       f"{_gbps(h.get('gbps'))} | {'-' if share is None else f'{share:.0%}'} | "
+                       f"{_ns(g['ns_per_row'])} | {_ns(h.get('ns_per_row'))} |")
+        if place := block.get("placement"):
+            out += ["", f"**Placement:** {place['advice']}"]
+        out += [""]
+    rows = transfer_rows(doc)
+    if rows:
+        out += ["Copies per query between host and device (sequential run, the stages' GetInfo before and after), "
+                "and the time they take on the measured pinned paths:", "",
+                "| stage | H2D B/query | H2D copies | D2H B/query | D2H copies | transfer µs | of compute mean | "
+                "of p50 |", "|---|---|---|---|---|---|---|---|"]
+        for step, r in rows.items():
+            out.append(f"| {step} | {r['h2d_bytes']:.0f} | {r['h2d_copies']:g} | {r['d2h_bytes']:.0f} | "
+                       f"{r['d2h_copies']:g} | {_us(r['transfer_us'])} | {_pct(r['of_compute'])} | "
+                       f"{_pct(r['of_p50'])} |")
+        out += [""]
+    return out
 
 
 def write(doc: dict[str, Any], out: Path) -> list[Path]:
@@ -237,6 +352,8 @@ def summary(doc: dict[str, Any]) -> str:
     if micro := sec.get("micro"):
         lines.append(f"micro: {len(micro['benches'])} benches, "
                      f"{sum(1 for b in micro['benches'] if b['error'])} failed")
+    if paths := sec.get("data_paths"):
+        lines.append("data paths: " + paths_headline(paths))
     if doc.get("not_run"):
         lines.append(f"not run (budget): {', '.join(doc['not_run'])}")
     return "\n".join(lines)

@@ -2,7 +2,8 @@
 
 A finished section (present in the document) is skipped on a rerun; a section is not started once
 the budget is spent, and the document says which were not run and why. The chain of stage processes
-is started only when a serving section is still to run.
+is started only when a serving section is still to run; the data paths run last, in this process, on
+an idle GPU.
 """
 
 from __future__ import annotations
@@ -74,6 +75,10 @@ def run(settings: Settings, out: Path, doc: dict[str, Any], log_level: str) -> d
     if "micro" in todo and not out_of_budget("micro"):
         started = time.monotonic()
         finish("micro", sections.micro_section(settings, time_left), started)
+    # last: the GPU is idle once the stages and the benches are done with it
+    if "data_paths" in todo and not out_of_budget("data_paths"):
+        started = time.monotonic()
+        finish("data_paths", sections.data_paths_section(settings), started)
     document.save(path, doc)
     if doc["not_run"]:
         sections.say(f"not run for lack of budget: {', '.join(doc['not_run'])} (rerun with the same --out to resume)")

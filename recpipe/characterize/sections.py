@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recpipe.characterize import cputime, micro, ranking_batches
+from recpipe.accel.traffic import KEY as TRAFFIC_KEY
+from recpipe.accel.traffic import Traffic
+from recpipe.characterize import cputime, datapaths, micro, ranking_batches
 from recpipe.characterize.settings import MIN_GAIN, Settings
 from recpipe.config import STEPS
 from recpipe.querygen.session import MIN_STEP_QUERIES
@@ -75,9 +77,37 @@ def _gpus() -> list[dict[str, str]]:
 class Chain:
     gateway: str
     pids: dict[str, int | None]
+    #: every stage's address
+    addresses: dict[str, str]
 
     def cpu(self) -> dict[str, float | None]:
         return cputime.snapshot({**self.pids, GENERATOR: os.getpid()})
+
+    def traffic(self) -> dict[str, Traffic | None]:
+        """What each stage that reports its copies (GetInfo details ``transfers``) copied so far."""
+        from recpipe.querygen import loops
+
+        return loops.run(_traffic(self.addresses))
+
+
+async def _traffic(addresses: dict[str, str]) -> dict[str, Traffic | None]:
+    from recpipe.errors import UsageError
+    from recpipe.querygen import clients
+
+    out: dict[str, Traffic | None] = {}
+    for name, target in addresses.items():
+        try:
+            channel = await clients.connect(target)
+        except UsageError:
+            continue
+        try:
+            info = await clients.get_info(channel)
+        finally:
+            await channel.close(None)
+        text = ((info or {}).get("details") or {}).get(TRAFFIC_KEY)
+        if text is not None:
+            out[name] = Traffic.parse(text)
+    return out
 
 
 @contextlib.contextmanager
@@ -99,7 +129,8 @@ def chain(settings: Settings, log_level: str) -> Iterator[Chain]:
     supervisor.start()
     try:
         pids = {spec.name: supervisor.pid(spec.name) for spec in stages}
-        yield Chain(supervisor.addresses()[REGISTRY.entry.name], pids)
+        addresses = supervisor.addresses()
+        yield Chain(addresses[REGISTRY.entry.name], pids, addresses)
     finally:
         supervisor.stop()
 
@@ -134,14 +165,18 @@ def _pcts(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def sequential_section(settings: Settings, ch: Chain) -> dict[str, Any]:
+    """The sequential run, with what the stages copied between host and device per query (from their
+    GetInfo before and after: ``recpipe.accel.traffic``)."""
     config = _config(settings, ch.gateway, mode="sequential", queries=settings.sizes.sequential_queries)
+    before = ch.traffic()
     doc, cpu = _measure(ch, config)
+    transfers = datapaths.per_query(before, ch.traffic(), doc["queries"] + doc["warmup_queries"])
     return {
         "queries": doc["queries"], "errors": doc["errors"], "achieved_rate": doc["achieved_rate"],
         "end_to_end": doc["end_to_end"], "pipeline_total": _pcts(doc["pipeline_total"]),
         "stages": {s: _stage_block(doc["stages"][s]) for s in STEPS},
-        "cpu_s_per_query": cpu, "pipeline": doc["pipeline"], "model_version": doc["model_version"],
-        "warnings": doc["warnings"],
+        "cpu_s_per_query": cpu, "transfers_per_query": transfers, "pipeline": doc["pipeline"],
+        "model_version": doc["model_version"], "warnings": doc["warnings"],
     }
 
 
@@ -254,3 +289,26 @@ def micro_section(settings: Settings, time_left: Callable[[], float]) -> dict[st
         if results[-1]["error"]:
             say(f"micro: {ranking_batches.NAME} failed: {results[-1]['error']}")
     return {"benches": results, "skipped_for_budget": skipped}
+
+
+def data_paths_section(settings: Settings) -> dict[str, Any]:
+    """The data paths between CPU and GPU (``recpipe.characterize.datapaths``), in this process on the
+    stages' GPU; recorded as skipped, with the reason, on a CPU run or without a GPU, and as failed
+    (measured false, the error as the reason) when the device work raises."""
+    from recpipe.characterize import cuda_timer
+
+    why_not = cuda_timer.unavailable(settings.device)
+    if why_not:
+        say(f"data paths: skipped ({why_not})")
+        return datapaths.skipped(why_not)
+    plan = datapaths.plan_for(settings.quick)
+    try:
+        tables = datapaths.tables_of(Path(settings.models))
+        say(f"data paths: copies {datapaths.fmt_bytes(min(plan.copy_bytes))} to "
+            f"{datapaths.fmt_bytes(max(plan.copy_bytes))}, gathers at {tables.ranking_dim} and "
+            f"{tables.retrieval_dim} dims, {plan.repeats} repeats each")
+        with cuda_timer.CudaTimer(plan, settings.device) as timer:
+            return datapaths.measure(plan, tables, timer)
+    except Exception as e:  # one failing section must not lose the others' results
+        say(f"data paths: failed: {type(e).__name__}: {e}")
+        return {**datapaths.skipped(f"failed: {type(e).__name__}: {e}"), "error": True}

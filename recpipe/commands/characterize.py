@@ -3,7 +3,9 @@
 ``recpipe characterize --out DIR`` writes DIR/characterization.json (versioned; the platform and every
 setting, then one block per section: platform, sequential per-stage latency, the closed-loop
 concurrency sweep 1, 2, 4, ... with CPU seconds per query per stage process, the SLO search for a few
-p99 bounds, the ranking/retrieval/features/hop micro-benchmarks; GPU busy fraction on CUDA) and
+p99 bounds, the ranking/retrieval/features/hop micro-benchmarks, the data paths between CPU and GPU:
+copy bandwidth, small-copy latency, gathers from host and GPU memory, docs/characterize-data-paths.md;
+GPU busy fraction on CUDA) and
 DIR/report/ (report.md and its PNGs). Without --data/--models it generates them in DIR (synth-data at
 --scale, train). Each section is saved as it finishes: a rerun with the same --out skips finished
 sections, so an interrupted or budget-limited run resumes. ``recpipe report A B`` compares two.

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from recpipe.accel import device as devices
+from recpipe.accel import traffic
 from recpipe.accel.cuda_graphs import mode_for
 from recpipe.accel.transfer import host_mapped
 from recpipe.config import DEFAULT_NUM_CANDIDATES
@@ -138,7 +139,8 @@ class RankingCore:
                 "precision_bound": f"max |dp| <= {probes.MAX_ABS_DP:g}, dAUC >= -{precisions.AUC_BUDGET:g} against fp32",
                 **({"precision_check": self.checks[self.precision.form].describe()}
                    if self.precision.form in self.checks else {}),
-                "warmed": _warmed(self.predictor)}
+                "warmed": _warmed(self.predictor),
+                traffic.KEY: self.predictor.io.traffic.describe()}
 
     @property
     def limits(self) -> RankingLimits:

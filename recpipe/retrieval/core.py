@@ -28,6 +28,8 @@ import numpy as np
 
 from recpipe.accel import device as devices
 from recpipe.accel.cuda_graphs import GraphRunner, bucket, mode_for
+from recpipe.accel.traffic import KEY as TRAFFIC_KEY
+from recpipe.accel.traffic import Traffic
 from recpipe.config import DEFAULT_NUM_CANDIDATES
 from recpipe.errors import ArtifactMismatch
 from recpipe.finite import degenerate
@@ -122,7 +124,7 @@ class RetrievalCore:
         else:
             self.index = artifacts.load_index(repo, spec)
         self.backend = backend
-        self.details: dict[str, str] = {
+        self._details: dict[str, str] = {
             "index_type": spec.kind if self.exact is None else "flat (torch exact)",
             "trained_index_type": spec.kind,
             "nlist": str(spec.nlist),
@@ -140,9 +142,9 @@ class RetrievalCore:
         }
         if self.half_recall is not None:
             # measured at load with 256 item vectors as the queries (no user features here)
-            self.details[f"{precision}_recall_at_500_vs_fp32"] = f"{self.half_recall:.4f}"
-            self.details[f"{precision}_recall_target"] = f"{HALF_RECALL_TARGET}"
-        self.details["user_tower"] = "folded-numpy" if self._folded is not None else "torch"
+            self._details[f"{precision}_recall_at_500_vs_fp32"] = f"{self.half_recall:.4f}"
+            self._details[f"{precision}_recall_target"] = f"{HALF_RECALL_TARGET}"
+        self._details["user_tower"] = "folded-numpy" if self._folded is not None else "torch"
         self._searches: dict[int, GraphRunner] = {}  # top-k bucket -> tower + exact search, one graph
         if mode == "graph":  # capture the single-query shapes now, not at the first request
             zeros = (np.zeros((1, self.user_dense_dim), np.float32), np.zeros((1, len(self.user_table_sizes)), np.int64))
@@ -156,6 +158,18 @@ class RetrievalCore:
              rescore: int = DEFAULT_RESCORE, graphs: str | None = None) -> RetrievalCore:
         return cls(Repository.open(Path(models_dir)), devices.resolve_name(device), cuda_graphs=cuda_graphs,
                    precision=precision, rescore=rescore, graphs=graphs)
+
+    @property
+    def details(self) -> dict[str, str]:
+        """For InfoService: the index and how it is searched, and what the core copied to and from
+        its device so far (``recpipe.accel.traffic``; zeros where nothing crosses)."""
+        return {**self._details, TRAFFIC_KEY: self.traffic.describe()}
+
+    @property
+    def traffic(self) -> Traffic:
+        """The torch path's ``DeviceIO`` counters (none on the folded path: nothing is copied there)."""
+        io = getattr(self, "io", None)
+        return io.traffic if io is not None else Traffic()
 
     @property
     def torch_device(self) -> torch.device:
@@ -217,6 +231,10 @@ class RetrievalCore:
         # FAISS searches from host memory: one copy of the (B, D) query vectors, whatever the groups
         emb = self._folded(dense, sparse) if self._folded is not None else \
             self.query_embeddings(dense, sparse).float().cpu().numpy()
+        if self._folded is None:  # the query vectors came back to the host for FAISS: this call's fetch
+            self.io.traffic.add_call()
+            if self.io.cuda:
+                self.io.traffic.add_d2h(emb.nbytes)
         # An input that overflowed the tower gives a zero/NaN query: its scores are reported as NaN, which
         # the servicer answers as out of the model's range (recpipe.finite).
         bad = degenerate(np.linalg.norm(emb, axis=1))
@@ -227,6 +245,9 @@ class RetrievalCore:
         for (k, nprobe, ef_search), rows in groups.items():
             sel = emb if len(rows) == len(queries) else emb[rows]
             scores, ids = self._search(sel, k, nprobe, ef_search)
+            if self.backend == "faiss-gpu":  # FAISS's own copies to its GPU index and back
+                self.io.traffic.add_h2d(sel.nbytes)
+                self.io.traffic.add_d2h(scores.nbytes + ids.nbytes, copies=2)
             for j, i in enumerate(rows):
                 found = scores[j].astype(np.float32)
                 if bad[i]:

@@ -31,8 +31,9 @@ class RetrievalCoreLike(Protocol):
     model_version: str
     num_items: int
     user_dense_dim: int
-    details: dict[str, str]
 
+    @property
+    def details(self) -> dict[str, str]: ...
     @property
     def limits(self) -> RetrievalLimits: ...
     def retrieve_batch(self, queries: Sequence[RetrieveQuery]) -> list[Candidates]: ...

@@ -46,6 +46,14 @@ def test_characterize_quick_resumes_reports_and_compares(
     assert set(seq["cpu_s_per_query"]) == {"features", "retrieval", "ranking", "gateway", "querygen"}
     assert all(v is not None and v > 0 for v in seq["cpu_s_per_query"].values())
     assert seq["gpu_busy"] == {"measured": False, "reason": "CPU run (--device cpu)"}
+    # what retrieval and ranking copied between host and device per query (GetInfo before and after):
+    # nothing crosses on the CPU; ranking fetched one result per query
+    copies = seq["transfers_per_query"]
+    assert set(copies) == {"retrieval", "ranking"} and copies["ranking"]["calls"] == 1.0
+    assert all(c["h2d_bytes"] == c["d2h_bytes"] == 0 for c in copies.values())
+    # the data paths between CPU and GPU: recorded as skipped, with the reason
+    paths = sec["data_paths"]
+    assert (paths["measured"], paths["reason"]) == (False, "CPU run (--device cpu)")
     points = sec["sweep"]["points"]
     assert [p["concurrency"] for p in points] == [2 ** i for i in range(len(points))]
     assert all(p["throughput"] > 0 and set(p["stages"]) == set(STEPS) for p in points)
@@ -63,6 +71,7 @@ def test_characterize_quick_resumes_reports_and_compares(
     assert {r["what"].split()[0] for r in benches[1]["recalls"]} == {"served", "fp16", "bf16"}
     report = a / "report"
     assert "## Closed-loop concurrency sweep" in (report / MARKDOWN).read_text()
+    assert "_not measured: CPU run (--device cpu)._" in (report / MARKDOWN).read_text()
     for chart in CHARTS:
         assert (report / chart).read_bytes().startswith(PNG)
 
@@ -89,7 +98,7 @@ def test_characterize_quick_resumes_reports_and_compares(
     assert main(["report", str(a), str(b / document.FILENAME), "--out", str(tmp_path / "ab")]) == 0
     text = (tmp_path / "ab" / "report.md").read_text()
     for heading in ("## Sequential per-stage latency", "## CPU time per query", "## Closed-loop concurrency sweep",
-                    "## SLO search", "## Micro-benchmarks", "## Verdict"):
+                    "## SLO search", "## Micro-benchmarks", "## Data paths", "## Verdict"):
         assert heading in text
     assert "b speed-up p50" in text and "- b: sequential end to end" in text
     for chart in ("curves.png", "stages.png"):
