@@ -31,8 +31,13 @@ CHARTS = ("curves.png", "stages.png")
 _VARIED = ("device", "threads", "workers", "serve_args", "data", "models")
 
 
+#: sizes a comparison may vary: the SLO table compares bound by bound ("not searched" where a run has no
+#: search at that bound), and a CPU and a GPU are rightly asked different bounds
+_PER_ROW = ("sizes.slo_bounds_ms ",)
+
+
 def differences(base: dict[str, Any], run: dict[str, Any]) -> list[str]:
-    return settings.differences(base["settings"], run["settings"])
+    return [d for d in settings.differences(base["settings"], run["settings"]) if not d.startswith(_PER_ROW)]
 
 
 def _x(r: float | None) -> str:
@@ -190,7 +195,8 @@ def _slo(runs: Runs) -> list[str]:
             "|---" * (1 + 2 * len(runs) - 1) + "|"]
     for bound in sorted(set().union(*found)):
         rates = [f.get(bound) for f in found]
-        cells = ["none met" if r is None else f"{r:.1f}" for r in rates]
+        cells = ["not searched" if bound not in f else "none met" if r is None else f"{r:.1f}"
+                 for f, r in zip(found, rates, strict=True)]
         cells += [_x(_ratio(r, rates[0])) for r in rates[1:]]
         out.append(f"| {bound:g} | " + " | ".join(cells) + " |")
     return [*out, ""]

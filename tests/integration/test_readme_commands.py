@@ -1,8 +1,9 @@
-"""Every command in README.md works as written, at small scale.
+"""Every command in README.md and docs/*.md works as written, at small scale.
 
-``readme_commands()`` reads the commands out of README.md (fenced ``bash`` blocks, indented code blocks
-and the bench table); ``CASES`` says, for each, how it is run here at small scale or why it is not.
-A command added to or changed in the README without a case here fails ``test_every_readme_command_has_a_case``.
+``readme_commands()`` reads the commands out of README.md and the reference pages under docs/ (fenced
+``bash`` blocks, indented code blocks and the bench table); ``CASES`` says, for each, how it is run here
+at small scale or why it is not. A command added to or changed in those pages without a case here fails
+``test_every_readme_command_has_a_case``.
 
 The small-scale runs share one ``recpipe serve`` (a real process tree over the session's tiny model
 repository, ``--port 0``): ``127.0.0.1:50051`` and the host-less ``:50052``-``:50054`` in README
@@ -34,16 +35,20 @@ from recpipe.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+#: the pages whose commands are run here: the README, then the reference pages it links to
+PAGES = (README, *sorted((ROOT / "docs").glob("*.md")))
 
 RUN = "run"  # run here at small scale
 SKIP = "skip"  # not run here; the reason says where it is covered, or why it cannot be
 
 
 def readme_commands(text: str | None = None) -> list[str]:
-    """The shell commands in README.md: lines of fenced ``bash`` blocks and 4-space indented blocks
-    (comments dropped; a line starting with ``[`` continues the one above) and the bench table's
-    first column."""
-    lines = (README.read_text(encoding="utf-8") if text is None else text).splitlines()
+    """The shell commands in README.md and docs/*.md (or in ``text``): lines of fenced ``bash`` blocks
+    and 4-space indented blocks (comments dropped; a line starting with ``[`` continues the one above)
+    and the bench table's first column."""
+    if text is None:
+        return [c for page in PAGES for c in readme_commands(page.read_text(encoding="utf-8"))]
+    lines = text.splitlines()
     out: list[str] = []
     fenced = False
     for raw in lines:
@@ -158,8 +163,16 @@ def test_every_readme_command_has_a_case() -> None:
     assert len(found) >= 30, found
     missing = [c for c in found if c not in CASES]
     stale = [c for c in CASES if c not in found]
-    assert not missing, f"README commands without a case in {__file__}: {missing}"
-    assert not stale, f"cases for commands no longer in README.md: {stale}"
+    assert not missing, f"README/docs commands without a case in {__file__}: {missing}"
+    assert not stale, f"cases for commands no longer in README.md or docs/: {stale}"
+
+
+def test_the_pages_are_the_readme_and_the_reference() -> None:
+    # the README keeps the two quick-start commands; the reference pages hold the rest
+    names = [p.relative_to(ROOT).as_posix() for p in PAGES]
+    assert names[0] == "README.md" and "docs/serving.md" in names and "docs/measuring.md" in names
+    quick = readme_commands(README.read_text(encoding="utf-8"))
+    assert any(c.endswith("&& recpipe demo") for c in quick) and any(c.endswith("python -m pytest -q") for c in quick)
 
 
 def _free_port() -> int:
