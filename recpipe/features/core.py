@@ -24,6 +24,7 @@ import numpy as np
 import polars as pl
 
 from recpipe import schema
+from recpipe.config import MAX_NUM_CANDIDATES
 from recpipe.errors import ArtifactMismatch
 from recpipe.features import history as hist
 from recpipe.features.artifacts import CONFIG_FILE, FeatureConfig, load_config, load_preprocessor, load_rows
@@ -153,7 +154,15 @@ class FeatureCore:
                 raise ArtifactMismatch(
                     f"{repo.root / 'manifest.json'}: shapes.{key} = {shapes.get(key)} but the data gives {have}"
                 )
+        core.warm()
         return core
+
+    def warm(self) -> None:
+        """Augment one user and 1, 500 and 10,000 items once before the stage serves: a fresh stage's
+        first calls paid for the first touch of its rows and numpy's first gathers (3-4x the second)."""
+        self.augment_user(0)
+        for n in (1, 500, MAX_NUM_CANDIDATES):
+            self.augment_items(0, np.arange(n, dtype=np.int64) % self.num_items)
 
     _ROW_ARRAYS = ("user_category", "item_category", "user_sparse", "item_sparse", "user_dense", "item_base")
 

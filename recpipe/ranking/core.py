@@ -195,9 +195,10 @@ def _split(q: RankQuery, rows: int) -> list[RankQuery]:
 
 
 def _warmed(predictor: Predictor) -> str:
-    """For InfoService: the bucketed shapes warmed at load (none where the forward is eager)."""
+    """For InfoService: the shapes run at load, and how many forwards have run eagerly since for want of a
+    warmed bucket (a compiled or captured form; never compiled on the request path)."""
     if not predictor.warmed:
-        return "none (eager: no compiled or captured shapes)"
+        return f"eager: {predictor.warm_runs} sizes run once at load in {predictor.warm_s:.2f} s"
     users = sorted({u for u, _ in predictor.warmed})
     rows = sorted({r for _, r in predictor.warmed})
     return (f"{len(predictor.warmed)} shapes ({users[0]}-{users[-1]} users x {rows[0]}-{rows[-1]} candidates) in "

@@ -100,6 +100,7 @@ class Predictor:
         #: the (users, rows) buckets run so far by ``warm_up``, and what ``warm_buckets`` took
         self.warmed: set[tuple[int, int]] = set()
         self.warm_s = 0.0
+        self.warm_runs = 0
         #: set by ``warm_buckets``: from then on a shape that was not warmed runs eagerly (never compiled
         #: or captured on the request path), counted in ``unwarmed_forwards``
         self.sealed = False
@@ -141,20 +142,21 @@ class Predictor:
     def warm_buckets(self, max_users: int = 1) -> int:
         """Run every bucketed shape a forward can take for batches of up to ``max_users`` requests once,
         so that nothing compiles (``torch.compile``) or is captured (CUDA graphs) on the request path;
-        returns the number of shapes run (0 where the forward is not padded: nothing to warm)."""
+        returns the number of shapes run. An eager forward runs the same sizes once too (unpadded, they
+        are not all the sizes it will see): its first calls grow the heap and set up the kernels, which
+        made a fresh stage's first 500-candidate call 2-3x its second."""
         runner = self._runner
         if runner is None:
             raise RuntimeError("warm_buckets needs set_user_tables() first")
-        if not runner.padded:
-            return 0
         t0 = time.perf_counter()
         self.sealed = False
         shapes = [(u, r) for u in user_buckets(max_users) for r in row_buckets() if (u, r) not in self.warmed]
         for users, rows in shapes:
             self.warm_up([rows - users + 1] + [1] * (users - 1))
-        self.sealed = True
+        self.sealed = runner.padded
         self.warm_s += time.perf_counter() - t0
-        return len(self.warmed)
+        self.warm_runs = len(shapes)
+        return len(shapes)
 
     @property
     def graphs_captured(self) -> int:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 A = TypeVar("A")
@@ -68,3 +69,9 @@ class CallCost:
         with self._lock:
             self.row_s = per_row if self.row_s is None else (1 - _EWMA) * self.row_s + _EWMA * per_row
             self.max_rows = max(self.max_rows, rows)
+
+
+def start_thread(pool: ThreadPoolExecutor) -> None:
+    """Start ``pool``'s first thread now rather than with the first call sent to it: a thread start on
+    the request path made a fresh stage's first calls 1-3 ms slower."""
+    pool.submit(int)

@@ -18,7 +18,7 @@ from recpipe.errors import DeadlineExceeded, StageUnavailable
 from recpipe.serving import nvtx
 from recpipe.serving import threads as thread_settings
 from recpipe.serving.batcher import BatchConfig, Batched, Batcher
-from recpipe.serving.inline import CallCost
+from recpipe.serving.inline import CallCost, start_thread
 
 if TYPE_CHECKING:
     from grpc import aio
@@ -214,8 +214,9 @@ class CoreRunner:
 
     def __init__(self, workers: int) -> None:
         self.inline = workers == 0
-        # Threads start with the first call that needs one.
+        # Threads start now, not with the first calls that need them (as the batcher's do).
         self._executor = ThreadPoolExecutor(max_workers=max(workers, 1), thread_name_prefix="core")
+        start_thread(self._executor)
 
     async def __call__(self, fn: Callable[[Q], T], query: Q, cost: CallCost, rows: int = 1) -> T:
         if self.inline and cost.short(rows):

@@ -42,6 +42,8 @@ CASES: dict[str, tuple[Callable[[Path, Path, Path, pytest.FixtureRequest, str], 
     "preprocess": (lambda m, d, tmp, r, dev: ["--data", str(d), "--max-vocab", "100"], False),
     "querygen": (lambda m, d, tmp, r, dev: ["--rates", "200", "--duration", "0.3", "--warmup", "0.1"], False),
     "hop": (lambda m, d, tmp, r, dev: ["--calls", "20", "--warmup", "5", "--candidates", "50"], False),
+    "firstcall": (lambda m, d, tmp, r, dev: ["--models", str(m), "--data", str(d), "--precisions", "fp32",
+                                             "--counts", "1,50", "--threads", "1", "--out", str(tmp / "fc")], False),
     "overload": (lambda m, d, tmp, r, dev: ["--target", r.getfixturevalue("serving_chain").gateway.address,
                                             "--rate", "10", "--base-s", "0.5", "--overload-s", "0.5",
                                             "--recovery-s", "0.3", "--num-candidates", "50"], False),
@@ -73,6 +75,9 @@ def test_bench_runs(name: str, device: str, small_models: Path, small_dataset: P
     if name == "retrieval":
         assert "fp16 exact search + fp32 re-score of top 2k: recall@50 vs fp32 exact" in out
         assert all(f"\n{kind} " in out for kind in ("flat", "ivf", "ivfsq8", "ivfpqfs", "hnsw"))
+    if name == "firstcall":  # a real supervised chain: two calls per count, no restart
+        assert "--ranking-precision fp32: SERVING after" in out and "restarts in the serve log: 0" in out
+        assert (tmp_path / "fc" / "serve-fp32.log").exists() and (tmp_path / "fc" / "firstcall.json").exists()
     if name == "ranking":
         assert "served (fused + user-side once)" in out
         if device == "cuda":

@@ -253,12 +253,13 @@ def test_a_compiled_form_serves_the_buckets_it_warmed_and_never_compiles_after(f
     assert _compiles() == compiled and low.unwarmed_forwards == 1
 
 
-def test_eager_forms_warm_nothing_and_padded_twins_warm_every_bucket() -> None:
+def test_eager_forms_run_each_size_once_and_padded_twins_warm_every_bucket() -> None:
     from recpipe.ranking.predictor import row_buckets
 
     fp32 = Predictor(model_with("dot"), torch.device("cpu"))
     fp32.set_user_tables(4)
-    assert fp32.warm_buckets(max_users=32) == 0 and not fp32.warmed and fp32.mode == "eager"
+    # eager: each size run once (the first calls' one-time costs), nothing padded, nothing sealed
+    assert fp32.warm_buckets(max_users=2) == 2 * len(row_buckets()) and not fp32.warmed and not fp32.sealed
     twin = Predictor(model_with("dot"), torch.device("cpu"), "padded")  # the CPU twin of CUDA graphs
     twin.set_user_tables(4)
     assert twin.warm_buckets(max_users=3) == 3 * len(row_buckets())  # users 1, 2, 4
