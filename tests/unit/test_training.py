@@ -312,8 +312,11 @@ def test_device_resolution() -> None:
 
 
 def test_diagnose_reproduces_the_oracle_and_splits_the_logit(small_models: Path, small_dataset: Path, capsys) -> None:
+    import torch
+
     from recpipe.training import diagnose
 
+    threads = torch.get_num_threads()
     assert diagnose.main(["--data", str(small_dataset), "--models", str(small_models), "--rows", "5000",
                            "--ceiling"]) == 0
     out = capsys.readouterr().out
@@ -326,6 +329,7 @@ def test_diagnose_reproduces_the_oracle_and_splits_the_logit(small_models: Path,
     assert "DLRM dense inputs" in out
     assert "what the DLRM misses" in out and "leaf's history vector" in out and "brand's hidden dims" in out
     assert "row and tag" in out
+    assert torch.get_num_threads() == threads  # it scores on one thread, and gives the caller's count back
 
 
 @pytest.fixture(scope="module")
