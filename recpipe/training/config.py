@@ -69,6 +69,13 @@ class TrainConfig:
     ranking_wide_lr: float = 1e-2
     #: the DLRM's learning rates over its planned epochs: "cosine" (down to 2% of the start) or "constant"
     ranking_lr_schedule: str = "cosine"
+    #: the DLRM's training steps under bf16 autocast: None (default) on CUDA and on CPUs with native
+    #: bf16 (AVX512-BF16 / AMX, read from /proc/cpuinfo: ``ATEN_CPU_CAPABILITY`` does not change it),
+    #: where a step is ~2x faster at the same held-out AUC (BENCHMARKS.md); False keeps them in
+    #: float32 on every machine, True asks for bf16 anyway (emulated, slower, without native support).
+    #: Two runs compared weight for weight need False: bf16 rounds every product to 8 bits, and two
+    #: equal computations ordered differently part within a few Adam steps (``loops.dlrm_autocast``)
+    ranking_bf16: bool | None = None
     #: DLRM interaction: "dot" (DLRM v1) or "dcn" (DCNv2 low-rank cross layers, MLPerf DLRM-v2)
     interaction: str = "dot"
     #: the latest share of the training rows (by time) held back to choose the DLRM's epoch; None:

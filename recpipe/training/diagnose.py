@@ -31,6 +31,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ceiling", action="store_true",
                         help="also fit the feature ceilings on every training row (minutes at full scale)")
     args = parser.parse_args(argv)
+    from recpipe.training.threads import torch_threads
+
+    with torch_threads(1):  # and the caller's count back after: main is also called in-process (tests)
+        return _diagnose(args)
+
+
+def _diagnose(args: argparse.Namespace) -> int:
     import polars as pl
     import torch
 
@@ -43,7 +50,6 @@ def main(argv: list[str] | None = None) -> int:
     from recpipe.training import loops
     from recpipe.training.metrics import auc
 
-    torch.set_num_threads(1)
     manifest = verify(args.data)
     world = rebuild_world(manifest)
     user_rows, item_rows, interactions = read_tables(args.data)

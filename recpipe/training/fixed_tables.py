@@ -8,10 +8,16 @@ With the tables fixed at their start (``ranking_embedding_lr`` 0: random, zero o
 - so the top MLP's first layer needs no input gradient for those columns, the dots' batched product
   no backward for them, and the tables no gradient at all.
 
-``FixedTableForward`` computes the same logits as ``DLRM.forward`` (same weights, same pair order, to
-float32 rounding) and the same gradients for every weight that learns, but builds the graph only
-through the dense vectors (and the wide part, when the model has one). The model keeps its shape:
-serving and the saved weights do not change.
+``FixedTableForward`` computes the same logits as ``DLRM.forward`` (same weights, same pair order) and
+the same gradients for every weight that learns, but builds the graph only through the dense vectors
+(and the wide part, when the model has one). The model keeps its shape: serving and the saved weights
+do not change. "The same" is exact in float64 (to 1e-15), to float32 rounding in float32, and under
+bf16 autocast (the training steps on CPUs with native bf16, ``loops.dlrm_autocast``) as near the
+float64 values as the model's own forward. There every product's output is rounded to bf16, so the
+first layer adds the learning columns' product onto the constant columns' inside one ``addmm``,
+rounding its output once more than the model's one linear (a separate product and a bf16 add rounded
+it twice more). Relative error of that output on the same inputs at the trained shape: 1.70e-3, the
+model's 1.66e-3, 2.35e-3 with the separate add (tests/unit/test_training_fixed_tables.py).
 At full scale on 2 cores a step takes about half the time (BENCHMARKS.md, issue 23).
 """
 
@@ -66,6 +72,8 @@ class FixedTableForward:
         x = torch.cat([vectors, tables], dim=1)  # (B, N, D)
         live = torch.bmm(vectors, x.transpose(1, 2)).flatten(1).index_select(1, self.live)
         w = self.first.weight
-        h = F.linear(torch.cat([vectors.flatten(1), live], dim=1), w[:, : self.split], self.first.bias)
-        h = h + fixed @ w[:, self.split :].t()
+        # under bf16 autocast every product's output is rounded to bf16: added inside one addmm, the
+        # first layer's output is rounded once more than by the model's one linear, not twice (module docstring)
+        h = torch.addmm(F.linear(fixed, w[:, self.split :], self.first.bias),
+                        torch.cat([vectors.flatten(1), live], dim=1), w[:, : self.split].t())
         return m.with_wide(self.rest(h).squeeze(-1), dense, tables)  # its table vector is a constant too

@@ -2,7 +2,8 @@
 
 Every batch is built by the same ``FeatureCore`` methods that serve requests, with the rows' own
 strictly-earlier history counts (``FeatureCore.training_counts``). On CUDA the loops run under bf16 autocast with TF32
-matmuls; on CPU in float32, except the DLRM's training steps on CPUs with native bf16 (``dlrm_autocast``).
+matmuls; on CPU in float32, except the DLRM's training steps on CPUs with native bf16 (``dlrm_autocast``,
+``TrainConfig.ranking_bf16``).
 """
 
 from __future__ import annotations
@@ -51,14 +52,15 @@ def autocast(device: torch.device) -> contextlib.AbstractContextManager[object]:
     return contextlib.nullcontext()
 
 
-def dlrm_autocast(device: torch.device) -> contextlib.AbstractContextManager[object]:
-    """The DLRM's training forward: bf16 autocast on CUDA and on CPUs with native bf16 (AMX /
-    AVX512-BF16: steps ~2x faster here at the same held-out AUC, see BENCHMARKS.md), else fp32."""
-    from recpipe.ranking.precision import native_bf16
+def dlrm_autocast(device: torch.device, bf16: bool | None = None) -> contextlib.AbstractContextManager[object]:
+    """The DLRM's training forward: bf16 autocast where ``bf16`` (``TrainConfig.ranking_bf16``) asks
+    for it, and by default (None) on CUDA and on CPUs with native bf16 (AMX / AVX512-BF16: steps ~2x
+    faster here at the same held-out AUC, see BENCHMARKS.md); else fp32."""
+    if bf16 is None:
+        from recpipe.ranking.precision import native_bf16
 
-    if device.type == "cpu" and native_bf16():
-        return torch.autocast("cpu", dtype=torch.bfloat16)
-    return autocast(device)
+        bf16 = device.type == "cuda" or (device.type == "cpu" and native_bf16())
+    return torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
 
 
 def step_batch(rows: int, batch: int, min_steps: int, floor: int = 64) -> int:
@@ -318,7 +320,7 @@ def train_dlrm(
                 dense, sparse = ranking_batch(core, users[r], items[r], counts.take(r))
                 y = _t(labels[r].astype(np.float32), device)
                 w = _t(weights[idx], device)
-                with dlrm_autocast(device):
+                with dlrm_autocast(device, cfg.ranking_bf16):
                     logits = forward(_t(dense, device), _t(sparse, device))
                 loss = (F.binary_cross_entropy_with_logits(logits.float(), y, reduction="none") * w).sum() / w.sum()
                 loss_value = _step(opts, loss)

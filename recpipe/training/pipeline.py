@@ -46,7 +46,7 @@ from recpipe.repository import (
 from recpipe.retrieval import artifacts as retrieval_artifacts
 from recpipe.retrieval import index as faiss_index
 from recpipe.timesplit import split_by_time
-from recpipe.training import loops, threads
+from recpipe.training import loops, process_settings, threads
 from recpipe.training.config import TrainConfig
 from recpipe.training.metrics import auc, recall_at_k
 from recpipe.training.precision_eval import precision_aucs
@@ -87,14 +87,16 @@ def train(
 
     ``fit_preprocessor`` fits the preprocessing on the training rows of users and items: the Polars
     engine (``Preprocessor.fit``) by default, or ``recpipe.preprocess.nvtabular_engine.fit``.
-    Torch's thread count is set for the run (``cfg.threads``) and restored afterwards.
+    Torch's thread count is set for the run (``cfg.threads``), and on CUDA float32 matmuls run in TF32;
+    the caller's settings come back when it returns or raises (``process_settings``).
     """
-    with threads.torch_threads(threads.training_threads(cfg.threads)):
-        return _train(data_dir, out, cfg, force, say, fit_preprocessor)
+    dev = devices.resolve(cfg.device)
+    with process_settings.training_settings(threads.training_threads(cfg.threads), tf32=dev.type == "cuda"):
+        return _train(data_dir, out, cfg, dev, force, say, fit_preprocessor)
 
 
 def _train(
-    data_dir: Path, out: Path, cfg: TrainConfig, force: bool, say: Callable[[str], None],
+    data_dir: Path, out: Path, cfg: TrainConfig, dev: torch.device, force: bool, say: Callable[[str], None],
     fit_preprocessor: Callable[[pl.DataFrame, pl.DataFrame, PreprocessConfig], Preprocessor],
 ) -> dict[str, Any]:
     data_dir, out = Path(data_dir), Path(out)
@@ -121,10 +123,6 @@ def _train(
         PreprocessConfig(cfg.max_vocab),
     )
     core = FeatureCore(prep, users, items, train_df, FeatureConfig(cfg.history_len))
-    dev = devices.resolve(cfg.device)
-    if dev.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
     t = lap("preprocess", t)
 
     counts = core.training_counts(train_df)

@@ -63,12 +63,15 @@ def training_threads(requested: int) -> int:
 
 @contextlib.contextmanager
 def torch_threads(n: int) -> Iterator[None]:
-    """Run the block on ``n`` torch threads, then restore the count it had."""
+    """Run the block on ``n`` torch threads, then restore the count it had, and FAISS's: where the two
+    load one OpenMP runtime (the pip wheels here do), torch's count is FAISS's too."""
+    import faiss
     import torch
 
-    previous = torch.get_num_threads()
+    previous, previous_faiss = torch.get_num_threads(), faiss.omp_get_max_threads()
     torch.set_num_threads(n)
     try:
         yield
     finally:
         torch.set_num_threads(previous)
+        faiss.omp_set_num_threads(previous_faiss)

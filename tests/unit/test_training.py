@@ -123,6 +123,20 @@ def test_dlrm_keeps_the_best_validation_epoch_or_else_the_last(noise_rows: Any) 
 
 
 def test_dlrm_tables_fixed_by_default_train_as_the_plain_forward_would(noise_rows: Any, monkeypatch) -> None:
+    """Two training runs, one through the fixed-table forward and one through the model's, end with the
+    same weights: in float32 (``ranking_bf16=False``), the same path on every machine.
+
+    By default a CPU with native bf16 (AVX512-BF16 / AMX, read from /proc/cpuinfo, so
+    ``ATEN_CPU_CAPABILITY=avx2`` does not change it) trains under bf16 autocast, which rounds every
+    product to 8 bits: two equal computations ordered differently then part within a few Adam steps,
+    and a weight-for-weight comparison says nothing about the forward. Measured on such a CPU (2
+    epochs, 20 steps): in bf16 the two runs' weights ended 0.13 apart (scale 0.54); the model's own
+    forward, trained once with oneDNN's bf16 kernels and once with them held to AVX2
+    (``DNNL_MAX_CPU_ISA``), ended 0.028 apart from itself; one step on the same weights was as far
+    from float64 through either forward (the worst gradient 7.6e-2 and 7.4e-2 relative). In float32
+    the two runs ended 6.5e-7 apart, and holding every kernel library to AVX2 (``ATEN_CPU_CAPABILITY``,
+    ``DNNL_MAX_CPU_ISA``, ``MKL_ENABLE_INSTRUCTIONS``) changed no weight by a bit. The bf16 step is
+    checked against float64 in tests/unit/test_training_fixed_tables.py."""
     import torch
 
     from recpipe.ranking.model import DLRM
@@ -131,7 +145,7 @@ def test_dlrm_tables_fixed_by_default_train_as_the_plain_forward_would(noise_row
 
     n = 2000
     core, users, items, labels, counts = noise_rows(n, 4)
-    cfg = TrainConfig(epochs=2, min_steps=10)
+    cfg = TrainConfig(epochs=2, min_steps=10, ranking_bf16=False)
     assert cfg.ranking_embedding_lr == 0.0
     torch.manual_seed(cfg.seed)
     start = DLRM(loops.dlrm_config(core, cfg)).sparse_arch.tables.weight.detach().clone()
@@ -186,6 +200,26 @@ def test_the_dlrm_gets_a_wide_part_over_the_signal_columns(noise_rows: Any) -> N
     _, off = loops.train_dlrm(core, users, items, labels, counts, dataclasses.replace(cfg, ranking_wide=False),
                               torch.device("cpu"))
     assert off["wide_table"] is None
+
+
+def test_dlrm_steps_run_in_bf16_where_the_config_or_else_the_cpu_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from recpipe.ranking import precision
+    from recpipe.training import loops
+
+    cpu = torch.device("cpu")
+
+    def bf16(choice: bool | None) -> bool:
+        with loops.dlrm_autocast(cpu, choice):
+            return torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+
+    for native in (True, False):
+        monkeypatch.setattr(precision, "native_bf16", lambda flags=None, native=native: native)
+        assert bf16(None) is native  # the default follows the CPU
+        assert bf16(True) and not bf16(False)  # the config forces either path on any CPU
+    assert not torch.is_autocast_enabled("cpu")
+    assert TrainConfig().ranking_bf16 is None
 
 
 def test_dlrm_epochs_draw_their_own_negatives_where_the_cap_leaves_some_out(noise_rows: Any) -> None:
@@ -278,8 +312,11 @@ def test_device_resolution() -> None:
 
 
 def test_diagnose_reproduces_the_oracle_and_splits_the_logit(small_models: Path, small_dataset: Path, capsys) -> None:
+    import torch
+
     from recpipe.training import diagnose
 
+    threads = torch.get_num_threads()
     assert diagnose.main(["--data", str(small_dataset), "--models", str(small_models), "--rows", "5000",
                            "--ceiling"]) == 0
     out = capsys.readouterr().out
@@ -292,6 +329,7 @@ def test_diagnose_reproduces_the_oracle_and_splits_the_logit(small_models: Path,
     assert "DLRM dense inputs" in out
     assert "what the DLRM misses" in out and "leaf's history vector" in out and "brand's hidden dims" in out
     assert "row and tag" in out
+    assert torch.get_num_threads() == threads  # it scores on one thread, and gives the caller's count back
 
 
 @pytest.fixture(scope="module")
