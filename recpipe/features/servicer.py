@@ -79,3 +79,15 @@ class FeatureStage(CoreStage[FeatureCoreLike]):
         self, request: features_pb2.AugmentItemsRequest, context: aio.ServicerContext
     ) -> features_pb2.AugmentItemsResponse:
         return await self.handle(AUGMENT_ITEMS, request, context)
+
+    async def AugmentUserBatch(
+        self, request: features_pb2.AugmentUserBatchRequest, context: aio.ServicerContext
+    ) -> features_pb2.AugmentUserBatchResponse:
+        entries = await self.handle_batch(AUGMENT_USER, request, context, features_pb2.AugmentUserEntry)
+        return features_pb2.AugmentUserBatchResponse(entries=entries)
+
+    async def AugmentItemsBatch(
+        self, request: features_pb2.AugmentItemsBatchRequest, context: aio.ServicerContext
+    ) -> features_pb2.AugmentItemsBatchResponse:
+        entries = await self.handle_batch(AUGMENT_ITEMS, request, context, features_pb2.AugmentItemsEntry)
+        return features_pb2.AugmentItemsBatchResponse(entries=entries)

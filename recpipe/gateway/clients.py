@@ -4,7 +4,8 @@ A failed call comes back as the domain error its status code stands for (``recpi
 with the stage named in the message, so the gateway's interceptor answers the client with the same
 code: a stage that is down becomes UNAVAILABLE "retrieval unavailable at 127.0.0.1:50053: ...".
 Each client opens its own channel to ``target``, or uses the ``channel`` it is given (the query
-generator passes channels it has already checked are ready).
+generator passes channels it has already checked are ready). With ``hops`` (``recpipe.gateway.hops``)
+the calls in flight go out as one batch call per stage method.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 from grpc import aio
 
 from recpipe.errors import ArtifactMismatch, RecpipeError
+from recpipe.gateway.hops import Hop, HopConfig, addresses
 from recpipe.serving import codec
 from recpipe.serving.channels import make_channel
 from recpipe.serving.status import error_for
@@ -31,76 +33,107 @@ from recpipe.v1 import (
 )
 
 R = TypeVar("R")
+#: a status code from its number (an entry error carries the number)
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
 class _StageClient:
-    """What every stage client shares: its channel, calling with a deadline, errors, closing."""
+    """What every stage client shares: its channel, calling with a deadline, errors, batched hops,
+    closing."""
 
-    def __init__(self, stage: str, target: str, channel: aio.Channel | None = None) -> None:
+    def __init__(self, stage: str, target: str, channel: aio.Channel | None = None,
+                 hops: HopConfig | None = None) -> None:
         self.stage = stage
         self.target = target
         self._channel = channel if channel is not None else make_channel(target)
+        self._hop_config = hops or HopConfig(max_batch=1)
+        self.hops: dict[str, Hop[Any, Any]] = {}
 
     @property
     def channel(self) -> aio.Channel:
         """The channel the chain calls the stage on (the gateway's readiness checks use it too)."""
         return self._channel
 
+    def _hop(self, method: str, unary: Callable[..., Awaitable[Any]], batch: Callable[..., Awaitable[Any]],
+             batch_request: Callable[..., Any]) -> Hop[Any, Any]:
+        """The calls of ``method`` through a ``Hop``: one ``batch`` RPC (entries in ``batch_request``) for
+        the calls in flight, ``unary`` for a call alone."""
+
+        async def one(request: Any, timeout: float | None) -> Any:
+            return await self._call(unary, request, timeout)
+
+        async def many(requests: list[Any], timeouts_us: list[int], timeout: float | None) -> list[Any]:
+            reply = await self._call(batch, batch_request(entries=requests, timeout_us=timeouts_us), timeout)
+            return [e.ok if e.WhichOneof("result") == "ok" else self._failure(_CODES.get(e.error.code, grpc.StatusCode.UNKNOWN),
+                                                                              e.error.message)
+                    for e in reply.entries]
+
+        hop: Hop[Any, Any] = Hop(f"{self.stage}.{method}", one, many, self._hop_config, addresses(self.target))
+        self.hops[method] = hop
+        return hop
+
     async def _call(self, rpc: Callable[..., Awaitable[R]], request: object, timeout: float | None) -> R:
         try:
             return await rpc(request, timeout=timeout)
         except aio.AioRpcError as e:
-            raise self._error(e) from None
+            raise self._failure(e.code(), e.details() or "") from None
 
-    def _error(self, e: aio.AioRpcError) -> RecpipeError:
-        code = e.code()
+    def _failure(self, code: grpc.StatusCode, details: str) -> RecpipeError:
+        """The domain error a stage's status stands for, naming the stage."""
         if code == grpc.StatusCode.UNAVAILABLE:
-            return error_for(code, f"{self.stage} unavailable at {self.target}: {e.details()}")
+            return error_for(code, f"{self.stage} unavailable at {self.target}: {details}")
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
             return error_for(code, f"deadline exceeded in {self.stage} ({self.target})")
         # INVALID_ARGUMENT / NOT_FOUND carry the stage's own message, which names the field or user.
-        return error_for(code, f"{self.stage}: {e.details()}")
+        return error_for(code, f"{self.stage}: {details}")
 
     async def close(self) -> None:
+        for hop in self.hops.values():
+            await hop.close()
         await self._channel.close(None)
 
 
 class GrpcFeatureClient(_StageClient):
     """Returns the stage's response messages as the user/items payloads (forwarded, not decoded)."""
 
-    def __init__(self, target: str, channel: aio.Channel | None = None) -> None:
-        super().__init__("features", target, channel)
-        self._stub = features_pb2_grpc.FeatureServiceStub(self.channel)
+    def __init__(self, target: str, channel: aio.Channel | None = None, hops: HopConfig | None = None) -> None:
+        super().__init__("features", target, channel, hops)
+        stub = features_pb2_grpc.FeatureServiceStub(self.channel)
+        self._user = self._hop("AugmentUser", stub.AugmentUser, stub.AugmentUserBatch,
+                               features_pb2.AugmentUserBatchRequest)
+        self._items = self._hop("AugmentItems", stub.AugmentItems, stub.AugmentItemsBatch,
+                                features_pb2.AugmentItemsBatchRequest)
 
     async def augment_user(self, user_id: int, timeout: float | None) -> StageResult[features_pb2.AugmentUserResponse]:
-        r = await self._call(self._stub.AugmentUser, features_pb2.AugmentUserRequest(user_id=user_id), timeout)
+        r = await self._user(features_pb2.AugmentUserRequest(user_id=user_id), timeout)
         return _result(r, r)
 
     async def augment_items(
         self, user_id: int, item_ids: np.ndarray, timeout: float | None
     ) -> StageResult[features_pb2.AugmentItemsResponse]:
-        request = features_pb2.AugmentItemsRequest(user_id=user_id, item_ids=codec.encode(item_ids))
-        r = await self._call(self._stub.AugmentItems, request, timeout)
+        r = await self._items(features_pb2.AugmentItemsRequest(user_id=user_id, item_ids=codec.encode(item_ids)), timeout)
         return _result(r, r)
 
 
 class GrpcRetrievalClient(_StageClient):
-    def __init__(self, target: str, channel: aio.Channel | None = None) -> None:
-        super().__init__("retrieval", target, channel)
-        self._stub = retrieval_pb2_grpc.RetrievalServiceStub(self.channel)
+    def __init__(self, target: str, channel: aio.Channel | None = None, hops: HopConfig | None = None) -> None:
+        super().__init__("retrieval", target, channel, hops)
+        stub = retrieval_pb2_grpc.RetrievalServiceStub(self.channel)
+        self._retrieve = self._hop("Retrieve", stub.Retrieve, stub.RetrieveBatch, retrieval_pb2.RetrieveBatchRequest)
 
     async def retrieve(
         self, user: features_pb2.AugmentUserResponse, k: int, timeout: float | None
     ) -> StageResult[np.ndarray]:
         request = retrieval_pb2.RetrieveRequest(user_dense=user.dense, user_sparse=user.sparse, k=k)
-        r = await self._call(self._stub.Retrieve, request, timeout)
+        r = await self._retrieve(request, timeout)
         return _result(_decode(r.item_ids, "retrieval", "item_ids", "int64", (None,)), r, r.model_version)
 
 
 class GrpcRankingClient(_StageClient):
-    def __init__(self, target: str, channel: aio.Channel | None = None) -> None:
-        super().__init__("ranking", target, channel)
-        self._stub = ranking_pb2_grpc.RankingServiceStub(self.channel)
+    def __init__(self, target: str, channel: aio.Channel | None = None, hops: HopConfig | None = None) -> None:
+        super().__init__("ranking", target, channel, hops)
+        stub = ranking_pb2_grpc.RankingServiceStub(self.channel)
+        self._rank = self._hop("Rank", stub.Rank, stub.RankBatch, ranking_pb2.RankBatchRequest)
 
     async def rank(
         self, user: features_pb2.AugmentUserResponse, items: features_pb2.AugmentItemsResponse, timeout: float | None
@@ -108,7 +141,7 @@ class GrpcRankingClient(_StageClient):
         request = ranking_pb2.RankRequest(
             user_dense=user.dense, user_sparse=user.sparse, item_dense=items.dense, item_sparse=items.sparse
         )
-        r = await self._call(self._stub.Rank, request, timeout)
+        r = await self._rank(request, timeout)
         k = items.dense.shape[0] if items.dense.shape else None
         return _result(_decode(r.scores, "ranking", "scores", "float32", (k,)), r, r.model_version)
 

@@ -6,10 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from recpipe.errors import UsageError
+from recpipe.gateway.hops import HopConfig
 from recpipe.serving.options import StageOptions, option
 
 #: Recommend calls the gateway works on at once; more are refused with RESOURCE_EXHAUSTED.
 DEFAULT_MAX_IN_FLIGHT = 512
+#: Stage calls per batch call at most (``recpipe.gateway.hops``): the stages' batchers' GPU default.
+DEFAULT_HOP_MAX_BATCH = 32
 
 
 @dataclass(frozen=True)
@@ -18,7 +21,21 @@ class GatewayOptions(StageOptions):
 
     max_in_flight: int = option(DEFAULT_MAX_IN_FLIGHT, help=f"gateway: Recommend calls in progress at most; more are "
                                                             f"refused with RESOURCE_EXHAUSTED (default {DEFAULT_MAX_IN_FLIGHT})")
+    hop_max_batch: int = option(DEFAULT_HOP_MAX_BATCH, help="gateway: stage calls of the queries in flight sent as one batch "
+                                                            f"call, at most (1 = every call alone; default {DEFAULT_HOP_MAX_BATCH})")
+    hop_queue_delay_us: int = option(0, help="gateway: how long a stage call may wait for others to batch with, in µs "
+                                             "(0 = send what is queued, so a lone query never waits; default 0)")
+    hop_max_in_flight: int = option(0, help="gateway: batch calls out at once per stage method (default 0 = one per "
+                                            "address the stage's target lists)")
 
     def __post_init__(self) -> None:
         if self.max_in_flight < 1:
             raise UsageError(f"--max-in-flight must be >= 1, got {self.max_in_flight}")
+        if self.hop_max_batch < 1:
+            raise UsageError(f"--hop-max-batch must be >= 1, got {self.hop_max_batch}")
+        if self.hop_queue_delay_us < 0 or self.hop_max_in_flight < 0:
+            raise UsageError("--hop-queue-delay-us and --hop-max-in-flight must be >= 0")
+
+    @property
+    def hops(self) -> HopConfig:
+        return HopConfig(self.hop_max_batch, self.hop_queue_delay_us, self.hop_max_in_flight)

@@ -25,7 +25,8 @@ class GatewayStage(Stage):
     def __init__(self, features: str, retrieval: str, ranking: str, options: GatewayOptions | None = None) -> None:
         """The gateway over the stages at these gRPC targets (``UPSTREAM``, in that order)."""
         self.targets = dict(zip(UPSTREAM, (features, retrieval, ranking), strict=True))
-        self.admission = Admission((options or GatewayOptions()).max_in_flight)
+        self.options = options or GatewayOptions()
+        self.admission = Admission(self.options.max_in_flight)
         self.chain: Chain | None = None
         self._readiness: ChainReadiness | None = None
         self._clients: tuple[GrpcFeatureClient, GrpcRetrievalClient, GrpcRankingClient] | None = None
@@ -36,10 +37,11 @@ class GatewayStage(Stage):
     async def load(self) -> None:
         """Open the stage channels (inside the server's event loop; they connect lazily and reconnect
         by themselves when a stage restarts)."""
+        hops = self.options.hops
         clients = (
-            GrpcFeatureClient(self.targets["features"]),
-            GrpcRetrievalClient(self.targets["retrieval"]),
-            GrpcRankingClient(self.targets["ranking"]),
+            GrpcFeatureClient(self.targets["features"], hops=hops),
+            GrpcRetrievalClient(self.targets["retrieval"], hops=hops),
+            GrpcRankingClient(self.targets["ranking"], hops=hops),
         )
         self._clients = clients
         self.chain = Chain(*clients)
@@ -54,7 +56,11 @@ class GatewayStage(Stage):
 
     def info(self) -> StageInfo:
         version = self.chain.model_version if self.chain is not None else ""
-        return StageInfo(self.name, "cpu", version, 1, {**self.targets, "max_in_flight": str(self.admission.max_in_flight)})
+        hops = {f"hop_{name}": f"{hop.calls} calls in {hop.batches} batch calls (up to {hop.config.max_batch}, "
+                                f"{hop.max_in_flight} out at once)"
+                for client in (self._clients or ()) for name, hop in client.hops.items()}
+        return StageInfo(self.name, "cpu", version, 1, {**self.targets, "max_in_flight": str(self.admission.max_in_flight),
+                                                         **hops})
 
     async def close(self) -> None:
         if self._clients is not None:

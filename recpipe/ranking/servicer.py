@@ -70,3 +70,7 @@ class RankingStage(CoreStage[RankingCoreLike]):
 
     async def Rank(self, request: ranking_pb2.RankRequest, context: aio.ServicerContext) -> ranking_pb2.RankResponse:
         return await self.handle(RANK, request, context)
+
+    async def RankBatch(self, request: ranking_pb2.RankBatchRequest,
+                        context: aio.ServicerContext) -> ranking_pb2.RankBatchResponse:
+        return ranking_pb2.RankBatchResponse(entries=await self.handle_batch(RANK, request, context, ranking_pb2.RankEntry))

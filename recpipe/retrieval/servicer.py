@@ -73,3 +73,9 @@ class RetrievalStage(CoreStage[RetrievalCoreLike]):
         self, request: retrieval_pb2.RetrieveRequest, context: aio.ServicerContext
     ) -> retrieval_pb2.RetrieveResponse:
         return await self.handle(RETRIEVE, request, context)
+
+    async def RetrieveBatch(
+        self, request: retrieval_pb2.RetrieveBatchRequest, context: aio.ServicerContext
+    ) -> retrieval_pb2.RetrieveBatchResponse:
+        entries = await self.handle_batch(RETRIEVE, request, context, retrieval_pb2.RetrieveEntry)
+        return retrieval_pb2.RetrieveBatchResponse(entries=entries)

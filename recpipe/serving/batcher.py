@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from recpipe.errors import DeadlineExceeded, Overloaded, StageUnavailable, UsageError
+from recpipe.errors import DeadlineExceeded, Overloaded, RecpipeError, StageUnavailable, UsageError
 from recpipe.serving import nvtx
 from recpipe.serving.inline import CallCost, start_thread
 from recpipe.serving.options import StageOptions, option
@@ -107,6 +107,8 @@ class _Pending(Generic[Q, R]):
     deadline: float | None  # time.monotonic() instant
     enqueued_ns: int
     rows: int
+    #: the batch call it came in (0: alone): a group is taken into one core call whole
+    group: int = 0
     nvtx_queue: int | None = None
 
 
@@ -153,6 +155,7 @@ class Batcher(Generic[Q, R]):
         #: refusing requests the idle stage could serve.
         self.request_s = 0.0
         self.batches = 0
+        self._group = 0
 
     @property
     def queued(self) -> int:
@@ -160,6 +163,50 @@ class Batcher(Generic[Q, R]):
 
     async def submit(self, query: Q, deadline: float | None = None) -> Batched[R]:
         """Queue ``query`` and wait for its answer; ``deadline`` is a ``time.monotonic()`` instant."""
+        self._admit(deadline)
+        rows = self._rows(query)
+        if (self.inline and self.config.max_batch == 1 and not self._queue and not self._running
+                and self.cost.short(rows)):
+            return self._call_now(query, rows)
+        pending = self._enqueue(query, deadline, rows)
+        self._wake_worker()
+        try:
+            return await pending.future
+        except asyncio.CancelledError:
+            self._drop([pending])
+            raise
+
+    async def submit_many(self, queries: Sequence[Q], deadlines: Sequence[float | None]) -> list[Batched[R] | Exception]:
+        """Queue ``queries`` as one group (a batch call's entries) and wait for every answer: each its
+        answer or its own error (admission per query, as ``submit``). The worker never splits a group
+        across core calls, whatever ``max_batch``: its entries come back in one response anyway, so one
+        core call makes none of them wait longer, and saves a core call per entry."""
+        self._group += 1
+        out: list[Batched[R] | Exception | None] = [None] * len(queries)
+        pending: list[tuple[int, _Pending[Q, R]]] = []
+        for i, (query, deadline) in enumerate(zip(queries, deadlines, strict=True)):
+            try:
+                self._admit(deadline)
+            except RecpipeError as e:
+                out[i] = e
+                continue
+            pending.append((i, self._enqueue(query, deadline, self._rows(query), self._group)))
+        if pending:
+            self._wake_worker()
+            try:
+                answers = await asyncio.gather(*(p.future for _, p in pending), return_exceptions=True)
+            except asyncio.CancelledError:
+                self._drop([p for _, p in pending])
+                raise
+            for (i, _), answer in zip(pending, answers, strict=True):
+                if isinstance(answer, asyncio.CancelledError):
+                    raise answer
+                out[i] = answer if not isinstance(answer, BaseException) or isinstance(answer, Exception) else \
+                    RuntimeError(str(answer))
+        return [a if a is not None else StageUnavailable(f"{self.stage}: no answer") for a in out]
+
+    def _admit(self, deadline: float | None) -> None:
+        """Refuse a request at once (see the module doc: closed, queue full, deadline not coverable)."""
         if self._closed:
             raise StageUnavailable(f"{self.stage}: shutting down")
         if len(self._queue) >= self.config.max_queue:
@@ -178,28 +225,28 @@ class Batcher(Generic[Q, R]):
                 raise Overloaded(f"{self.stage}: {left * 1e3:.1f} ms left of the deadline, less than the "
                                  f"{expected * 1e3:.1f} ms the {len(self._queue)} queued and "
                                  f"{len(self._running)} running requests need at the recent service time")
-        rows = self._rows(query)
-        if (self.inline and self.config.max_batch == 1 and not self._queue and not self._running
-                and self.cost.short(rows)):
-            return self._call_now(query, rows)
+
+    def _enqueue(self, query: Q, deadline: float | None, rows: int, group: int = 0) -> _Pending[Q, R]:
         loop = asyncio.get_running_loop()
         if self._worker is None:
             self._wake = asyncio.Event()
             self._worker = loop.create_task(self._run(), name=f"{self.stage}-batcher")
-        pending: _Pending[Q, R] = _Pending(query, loop.create_future(), deadline, time.perf_counter_ns(), rows)
+        pending: _Pending[Q, R] = _Pending(query, loop.create_future(), deadline, time.perf_counter_ns(), rows, group)
         self._queue.append(pending)
         pending.nvtx_queue = nvtx.start(self._nvtx_queue)
+        return pending
+
+    def _wake_worker(self) -> None:
         assert self._wake is not None
         self._wake.set()
-        try:
-            return await pending.future
-        except asyncio.CancelledError:
-            # The caller went away: free the slot now rather than when the worker reaches it.
+
+    def _drop(self, pending: Sequence[_Pending[Q, R]]) -> None:
+        """The caller went away: free the slots now rather than when the worker reaches them."""
+        for p in pending:
             with contextlib.suppress(ValueError):
-                self._queue.remove(pending)
-                nvtx.end(pending.nvtx_queue)
-            pending.future.cancel()
-            raise
+                self._queue.remove(p)
+                nvtx.end(p.nvtx_queue)
+            p.future.cancel()
 
     async def close(self) -> None:
         """Fail what is still queued or computing with UNAVAILABLE and stop the worker."""
@@ -295,11 +342,14 @@ class Batcher(Generic[Q, R]):
                 await asyncio.wait_for(self._wake.wait(), left)
 
     def _take(self, n: int) -> list[_Pending[Q, R]]:
-        """Up to ``n`` live requests from the head of the queue; expired ones are answered and dropped."""
+        """Up to ``n`` live requests from the head of the queue, and the rest of the group of the last one
+        taken (a batch call's entries stay together); expired ones are answered and dropped."""
         batch: list[_Pending[Q, R]] = []
         now = time.monotonic()
-        while self._queue and len(batch) < n:
+        group = 0
+        while self._queue and (len(batch) < n or (group and self._queue[0].group == group)):
             p = self._queue.popleft()
+            group = p.group
             nvtx.end(p.nvtx_queue)  # dropped or taken: its wait in the queue ends here
             p.nvtx_queue = None
             if p.future.done():

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from recpipe.errors import BadRequest, clip
-from recpipe.v1 import tensor_pb2
+from recpipe.serving.status import code_for
+from recpipe.v1 import batch_pb2, tensor_pb2
 
 _ALLOWED = {"float32", "float16", "float64", "int64", "int32", "int8", "uint8", "bool"}
 # Looked up once: on the request path these small tensors make dtype construction, dtype.name and
@@ -73,3 +74,13 @@ def _shape(dims: Sequence[int]) -> str:
     if len(dims) <= 16:
         return clip(list(dims))
     return f"[{', '.join(str(d) for d in dims[:8])}, ...] ({len(dims)} dims)"
+
+
+#: An entry's error message is cut like a whole call's status message.
+MAX_ENTRY_DETAILS = 1000
+
+
+def entry_error(error: BaseException) -> batch_pb2.EntryError:
+    """The ``EntryError`` of a batch entry that failed with ``error``: the status code it would have
+    had as a unary call (``recpipe.serving.status``) and its message, bounded."""
+    return batch_pb2.EntryError(code=code_for(error).value[0], message=clip(str(error), MAX_ENTRY_DETAILS))

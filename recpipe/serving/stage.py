@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from recpipe.errors import DeadlineExceeded, StageUnavailable
-from recpipe.serving import nvtx
+from recpipe.errors import DeadlineExceeded, RecpipeError, StageUnavailable
+from recpipe.serving import codec, nvtx
 from recpipe.serving import threads as thread_settings
 from recpipe.serving.batcher import BatchConfig, Batched, Batcher
 from recpipe.serving.inline import CallCost, start_thread
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
     from grpc import aio
 
     from recpipe.serving.config import StageConfig
+
+_log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 C = TypeVar("C")
@@ -169,7 +172,62 @@ overlap; a batcher makes one call at a time.
         """The request template (see the class docstring)."""
         start = time.perf_counter_ns()
         deadline = check_deadline(context, self.name)
+        return await self._answer(method, self._ready(), request, deadline, start)
+
+    async def handle_batch(self, method: Method[C, Q, R], request: Any, context: aio.ServicerContext,
+                           entry: Callable[..., Any]) -> list[Any]:
+        """A batch call: ``request.entries`` each run through the template as if it had come alone (its
+        own deadline from ``request.timeout_us``, else the call's), all at once, so the batcher queues
+        them together; -> one ``entry(ok=response)`` or ``entry(error=EntryError)`` per entry, in order.
+        A bad entry fails itself only."""
+        start = time.perf_counter_ns()
+        deadline = check_deadline(context, self.name)
         core = self._ready()
+        now = time.monotonic()
+        timeouts = list(request.timeout_us)
+        deadlines = [now + timeouts[i] / 1e6 if i < len(timeouts) and timeouts[i] > 0 else deadline
+                     for i in range(len(request.entries))]
+        batcher = self._batchers.get(method.name)
+        answers: list[Any]
+        if batcher is None:  # unbatched: each entry as it would run alone
+            answers = list(await asyncio.gather(*(self._answer(method, core, r, d, start)
+                                                  for r, d in zip(request.entries, deadlines, strict=True)),
+                                                return_exceptions=True))
+        else:  # one group for the batcher: the entries' core work in one call
+            answers = [None] * len(deadlines)
+            queued: list[tuple[int, Any]] = []
+            for i, (r, d) in enumerate(zip(request.entries, deadlines, strict=True)):
+                try:
+                    if d is not None and d <= now:
+                        raise DeadlineExceeded(f"{self.name}: deadline passed before the stage started")
+                    with nvtx.range(f"{method.step}.decode"):
+                        queued.append((i, method.decode(core, r)))
+                except Exception as e:
+                    answers[i] = e
+            done = await batcher.submit_many([q for _, q in queued], [deadlines[i] for i, _ in queued])
+            for (i, _), result in zip(queued, done, strict=True):
+                try:
+                    answers[i] = result if isinstance(result, Exception) else self._encoded(method, core, result, start)
+                except Exception as e:  # an answer the contract refuses (non-finite scores, ...): its entry only
+                    answers[i] = e
+        return [entry(error=codec.entry_error(self._entry_error(method, a))) if isinstance(a, BaseException)
+                else entry(ok=a) for a in answers]
+
+    def _entry_error(self, method: Method[C, Any, Any], error: BaseException) -> BaseException:
+        """``error`` as an entry reports it: a domain error as it is; anything else is logged with its
+        traceback and reported as INTERNAL (as the interceptor does for a whole call)."""
+        if isinstance(error, RecpipeError):
+            return error
+        if isinstance(error, asyncio.CancelledError):
+            raise error
+        _log.error("%s: a batch entry failed", method.name, exc_info=error)
+        return RuntimeError(f"{method.name}: internal error ({type(error).__name__}: {error})")
+
+    async def _answer(self, method: Method[C, Q, R], core: C, request: Any, deadline: float | None,
+                      start: int) -> Any:
+        """One request's steps after the deadline check: decode and check, compute, encode, timing."""
+        if deadline is not None and deadline <= time.monotonic():
+            raise DeadlineExceeded(f"{self.name}: deadline passed before the stage started")
         with nvtx.range(f"{method.step}.decode"):
             query = method.decode(core, request)
         batcher = self._batchers.get(method.name)
@@ -182,6 +240,10 @@ overlap; a batcher makes one call at a time.
                 rows = method.rows(query) if method.rows is not None else 1
                 value = await self._run(method.single(core), query, self._costs[method.name], rows)
             done = Batched(value, 0, elapsed_us(computed), 1)
+        return self._encoded(method, core, done, start)
+
+    def _encoded(self, method: Method[C, Q, R], core: C, done: Batched[R], start: int) -> Any:
+        """The response message of ``done``, with its timing."""
         with nvtx.range(f"{method.step}.encode"):
             response = method.encode(core, done.value)
         response.queue_us = done.queue_us

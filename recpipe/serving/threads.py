@@ -10,9 +10,17 @@ from __future__ import annotations
 import os
 import sys
 
+#: OpenMP's wait policy for a serving process: workers sleep between parallel regions
+WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
+
 
 def configure(threads: int, *, torch: bool = False, faiss: bool = False) -> None:
-    """Use ``threads`` compute threads (0 = leave the libraries' defaults)."""
+    """Use ``threads`` compute threads (0 = leave the libraries' defaults), whose OpenMP workers sleep
+    between calls (``OMP_WAIT_POLICY=PASSIVE`` unless the user set a policy): spinning workers made a
+    retrieval stage with 3 threads burn 11.4 ms of CPU per query for 0.74 ms of compute on a 16-core
+    box. Only a process that has not loaded OpenMP yet is affected (a stage process, before its core)."""
+    if "torch" not in sys.modules and "faiss" not in sys.modules:
+        os.environ.setdefault(WAIT_POLICY_ENV, "PASSIVE")
     if threads <= 0:
         return
     for var in ("POLARS_MAX_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):

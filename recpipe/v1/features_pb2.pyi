@@ -1,7 +1,9 @@
+from recpipe.v1 import batch_pb2 as _batch_pb2
 from recpipe.v1 import tensor_pb2 as _tensor_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -55,3 +57,47 @@ class AugmentItemsResponse(_message.Message):
     compute_us: int
     batch_size: int
     def __init__(self, dense: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., sparse: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., server_us: _Optional[int] = ..., queue_us: _Optional[int] = ..., compute_us: _Optional[int] = ..., batch_size: _Optional[int] = ...) -> None: ...
+
+class AugmentUserBatchRequest(_message.Message):
+    __slots__ = ("entries", "timeout_us")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_US_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[AugmentUserRequest]
+    timeout_us: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, entries: _Optional[_Iterable[_Union[AugmentUserRequest, _Mapping]]] = ..., timeout_us: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class AugmentUserEntry(_message.Message):
+    __slots__ = ("ok", "error")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ok: AugmentUserResponse
+    error: _batch_pb2.EntryError
+    def __init__(self, ok: _Optional[_Union[AugmentUserResponse, _Mapping]] = ..., error: _Optional[_Union[_batch_pb2.EntryError, _Mapping]] = ...) -> None: ...
+
+class AugmentUserBatchResponse(_message.Message):
+    __slots__ = ("entries",)
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[AugmentUserEntry]
+    def __init__(self, entries: _Optional[_Iterable[_Union[AugmentUserEntry, _Mapping]]] = ...) -> None: ...
+
+class AugmentItemsBatchRequest(_message.Message):
+    __slots__ = ("entries", "timeout_us")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_US_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[AugmentItemsRequest]
+    timeout_us: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, entries: _Optional[_Iterable[_Union[AugmentItemsRequest, _Mapping]]] = ..., timeout_us: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class AugmentItemsEntry(_message.Message):
+    __slots__ = ("ok", "error")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ok: AugmentItemsResponse
+    error: _batch_pb2.EntryError
+    def __init__(self, ok: _Optional[_Union[AugmentItemsResponse, _Mapping]] = ..., error: _Optional[_Union[_batch_pb2.EntryError, _Mapping]] = ...) -> None: ...
+
+class AugmentItemsBatchResponse(_message.Message):
+    __slots__ = ("entries",)
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[AugmentItemsEntry]
+    def __init__(self, entries: _Optional[_Iterable[_Union[AugmentItemsEntry, _Mapping]]] = ...) -> None: ...

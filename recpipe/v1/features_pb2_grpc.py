@@ -45,6 +45,16 @@ class FeatureServiceStub:
                 request_serializer=recpipe_dot_v1_dot_features__pb2.AugmentItemsRequest.SerializeToString,
                 response_deserializer=recpipe_dot_v1_dot_features__pb2.AugmentItemsResponse.FromString,
                 _registered_method=True)
+        self.AugmentUserBatch = channel.unary_unary(
+                '/recpipe.v1.FeatureService/AugmentUserBatch',
+                request_serializer=recpipe_dot_v1_dot_features__pb2.AugmentUserBatchRequest.SerializeToString,
+                response_deserializer=recpipe_dot_v1_dot_features__pb2.AugmentUserBatchResponse.FromString,
+                _registered_method=True)
+        self.AugmentItemsBatch = channel.unary_unary(
+                '/recpipe.v1.FeatureService/AugmentItemsBatch',
+                request_serializer=recpipe_dot_v1_dot_features__pb2.AugmentItemsBatchRequest.SerializeToString,
+                response_deserializer=recpipe_dot_v1_dot_features__pb2.AugmentItemsBatchResponse.FromString,
+                _registered_method=True)
 
 
 class FeatureServiceServicer:
@@ -63,6 +73,18 @@ class FeatureServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AugmentUserBatch(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AugmentItemsBatch(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FeatureServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -75,6 +97,16 @@ def add_FeatureServiceServicer_to_server(servicer, server):
                     servicer.AugmentItems,
                     request_deserializer=recpipe_dot_v1_dot_features__pb2.AugmentItemsRequest.FromString,
                     response_serializer=recpipe_dot_v1_dot_features__pb2.AugmentItemsResponse.SerializeToString,
+            ),
+            'AugmentUserBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.AugmentUserBatch,
+                    request_deserializer=recpipe_dot_v1_dot_features__pb2.AugmentUserBatchRequest.FromString,
+                    response_serializer=recpipe_dot_v1_dot_features__pb2.AugmentUserBatchResponse.SerializeToString,
+            ),
+            'AugmentItemsBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.AugmentItemsBatch,
+                    request_deserializer=recpipe_dot_v1_dot_features__pb2.AugmentItemsBatchRequest.FromString,
+                    response_serializer=recpipe_dot_v1_dot_features__pb2.AugmentItemsBatchResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -132,6 +164,60 @@ class FeatureService:
             '/recpipe.v1.FeatureService/AugmentItems',
             recpipe_dot_v1_dot_features__pb2.AugmentItemsRequest.SerializeToString,
             recpipe_dot_v1_dot_features__pb2.AugmentItemsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AugmentUserBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/recpipe.v1.FeatureService/AugmentUserBatch',
+            recpipe_dot_v1_dot_features__pb2.AugmentUserBatchRequest.SerializeToString,
+            recpipe_dot_v1_dot_features__pb2.AugmentUserBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AugmentItemsBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/recpipe.v1.FeatureService/AugmentItemsBatch',
+            recpipe_dot_v1_dot_features__pb2.AugmentItemsBatchRequest.SerializeToString,
+            recpipe_dot_v1_dot_features__pb2.AugmentItemsBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

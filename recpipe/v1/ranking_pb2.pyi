@@ -1,7 +1,9 @@
+from recpipe.v1 import batch_pb2 as _batch_pb2
 from recpipe.v1 import tensor_pb2 as _tensor_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -33,3 +35,25 @@ class RankResponse(_message.Message):
     compute_us: int
     batch_size: int
     def __init__(self, scores: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., server_us: _Optional[int] = ..., model_version: _Optional[str] = ..., queue_us: _Optional[int] = ..., compute_us: _Optional[int] = ..., batch_size: _Optional[int] = ...) -> None: ...
+
+class RankBatchRequest(_message.Message):
+    __slots__ = ("entries", "timeout_us")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_US_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[RankRequest]
+    timeout_us: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, entries: _Optional[_Iterable[_Union[RankRequest, _Mapping]]] = ..., timeout_us: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class RankEntry(_message.Message):
+    __slots__ = ("ok", "error")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ok: RankResponse
+    error: _batch_pb2.EntryError
+    def __init__(self, ok: _Optional[_Union[RankResponse, _Mapping]] = ..., error: _Optional[_Union[_batch_pb2.EntryError, _Mapping]] = ...) -> None: ...
+
+class RankBatchResponse(_message.Message):
+    __slots__ = ("entries",)
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[RankEntry]
+    def __init__(self, entries: _Optional[_Iterable[_Union[RankEntry, _Mapping]]] = ...) -> None: ...

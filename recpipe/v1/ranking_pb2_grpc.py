@@ -40,6 +40,11 @@ class RankingServiceStub:
                 request_serializer=recpipe_dot_v1_dot_ranking__pb2.RankRequest.SerializeToString,
                 response_deserializer=recpipe_dot_v1_dot_ranking__pb2.RankResponse.FromString,
                 _registered_method=True)
+        self.RankBatch = channel.unary_unary(
+                '/recpipe.v1.RankingService/RankBatch',
+                request_serializer=recpipe_dot_v1_dot_ranking__pb2.RankBatchRequest.SerializeToString,
+                response_deserializer=recpipe_dot_v1_dot_ranking__pb2.RankBatchResponse.FromString,
+                _registered_method=True)
 
 
 class RankingServiceServicer:
@@ -52,6 +57,12 @@ class RankingServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RankBatch(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RankingServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -59,6 +70,11 @@ def add_RankingServiceServicer_to_server(servicer, server):
                     servicer.Rank,
                     request_deserializer=recpipe_dot_v1_dot_ranking__pb2.RankRequest.FromString,
                     response_serializer=recpipe_dot_v1_dot_ranking__pb2.RankResponse.SerializeToString,
+            ),
+            'RankBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.RankBatch,
+                    request_deserializer=recpipe_dot_v1_dot_ranking__pb2.RankBatchRequest.FromString,
+                    response_serializer=recpipe_dot_v1_dot_ranking__pb2.RankBatchResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -89,6 +105,33 @@ class RankingService:
             '/recpipe.v1.RankingService/Rank',
             recpipe_dot_v1_dot_ranking__pb2.RankRequest.SerializeToString,
             recpipe_dot_v1_dot_ranking__pb2.RankResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RankBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/recpipe.v1.RankingService/RankBatch',
+            recpipe_dot_v1_dot_ranking__pb2.RankBatchRequest.SerializeToString,
+            recpipe_dot_v1_dot_ranking__pb2.RankBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

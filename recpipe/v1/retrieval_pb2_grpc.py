@@ -40,6 +40,11 @@ class RetrievalServiceStub:
                 request_serializer=recpipe_dot_v1_dot_retrieval__pb2.RetrieveRequest.SerializeToString,
                 response_deserializer=recpipe_dot_v1_dot_retrieval__pb2.RetrieveResponse.FromString,
                 _registered_method=True)
+        self.RetrieveBatch = channel.unary_unary(
+                '/recpipe.v1.RetrievalService/RetrieveBatch',
+                request_serializer=recpipe_dot_v1_dot_retrieval__pb2.RetrieveBatchRequest.SerializeToString,
+                response_deserializer=recpipe_dot_v1_dot_retrieval__pb2.RetrieveBatchResponse.FromString,
+                _registered_method=True)
 
 
 class RetrievalServiceServicer:
@@ -52,6 +57,12 @@ class RetrievalServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RetrieveBatch(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RetrievalServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -59,6 +70,11 @@ def add_RetrievalServiceServicer_to_server(servicer, server):
                     servicer.Retrieve,
                     request_deserializer=recpipe_dot_v1_dot_retrieval__pb2.RetrieveRequest.FromString,
                     response_serializer=recpipe_dot_v1_dot_retrieval__pb2.RetrieveResponse.SerializeToString,
+            ),
+            'RetrieveBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.RetrieveBatch,
+                    request_deserializer=recpipe_dot_v1_dot_retrieval__pb2.RetrieveBatchRequest.FromString,
+                    response_serializer=recpipe_dot_v1_dot_retrieval__pb2.RetrieveBatchResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -89,6 +105,33 @@ class RetrievalService:
             '/recpipe.v1.RetrievalService/Retrieve',
             recpipe_dot_v1_dot_retrieval__pb2.RetrieveRequest.SerializeToString,
             recpipe_dot_v1_dot_retrieval__pb2.RetrieveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RetrieveBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/recpipe.v1.RetrievalService/RetrieveBatch',
+            recpipe_dot_v1_dot_retrieval__pb2.RetrieveBatchRequest.SerializeToString,
+            recpipe_dot_v1_dot_retrieval__pb2.RetrieveBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

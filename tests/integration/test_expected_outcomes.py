@@ -72,7 +72,7 @@ def test_a_tight_deadline_on_the_chain_logs_counts_not_tracebacks(serving_chain,
                for line in gateway_lines), gateway_lines
 
 
-class LateStage(Stage):
+class LateStage(Stage, features_pb2_grpc.FeatureServiceServicer):
     """A stage whose AugmentUser holds the event loop (as a long inline core call would) for about its
     caller's deadline, then answers with a large reply or raises ``DeadlineExceeded``: the deadline
     often passes while the status or the reply is being sent."""

@@ -1,0 +1,142 @@
+"""The gateway's batched hops (``recpipe.gateway.hops``) over fake senders: what goes alone, what goes
+together, per-call answers and errors, deadlines while queued, and the calls out at once."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from recpipe.errors import BadRequest, DeadlineExceeded, StageUnavailable
+from recpipe.gateway.hops import Hop, HopConfig, addresses
+
+
+class Stage:
+    """Records what the hop sent; each call is held until ``release`` (so calls can pile up meanwhile)."""
+
+    def __init__(self) -> None:
+        self.sent: list[list[Any]] = []
+        self.timeouts: list[list[int]] = []
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.fail_whole = False
+
+    async def unary(self, request: Any, timeout: float | None) -> Any:
+        self.sent.append([request])
+        await self.gate.wait()
+        if request == "bad":
+            raise BadRequest("bad request")
+        return f"answer {request}"
+
+    async def batch(self, requests: list[Any], timeouts_us: list[int], timeout: float | None) -> list[Any]:
+        self.sent.append(list(requests))
+        self.timeouts.append(timeouts_us)
+        await self.gate.wait()
+        if self.fail_whole:
+            raise StageUnavailable("stage down")
+        return [BadRequest("bad request") if r == "bad" else f"answer {r}" for r in requests]
+
+
+def _hop(stage: Stage, **config: Any) -> Hop[Any, Any]:
+    return Hop("stage.Method", stage.unary, stage.batch, HopConfig(**config))
+
+
+def test_a_lone_call_goes_alone_at_once_and_the_calls_that_pile_up_go_together() -> None:
+    async def go() -> None:
+        stage = Stage()
+        hop = _hop(stage)
+        assert await hop("a", None) == "answer a" and stage.sent == [["a"]]
+        stage.gate.clear()  # the next call is held at the stage: the ones after it queue in the gateway
+        first = asyncio.create_task(hop("b", None))
+        await asyncio.sleep(0.01)
+        rest = [asyncio.create_task(hop(r, 5.0)) for r in ("c", "bad", "d")]
+        await asyncio.sleep(0.01)
+        assert stage.sent == [["a"], ["b"]]  # one batch call out at a time
+        stage.gate.set()
+        assert await first == "answer b"
+        results = await asyncio.gather(*rest, return_exceptions=True)
+        assert stage.sent[-1] == ["c", "bad", "d"]  # together, in one batch call
+        assert results[0] == "answer c" and results[2] == "answer d"
+        assert isinstance(results[1], BadRequest)  # failed alone
+        assert all(0 < t <= 5_000_000 for t in stage.timeouts[-1])  # each entry's time left
+        assert (hop.calls, hop.batches) == (5, 3)
+
+    asyncio.run(go())
+
+
+def test_max_batch_one_sends_every_call_alone_and_at_once() -> None:
+    async def go() -> None:
+        stage = Stage()
+        stage.gate.clear()
+        hop = _hop(stage, max_batch=1)
+        calls = [asyncio.create_task(hop(r, None)) for r in "abc"]
+        await asyncio.sleep(0.01)
+        assert stage.sent == [["a"], ["b"], ["c"]]
+        stage.gate.set()
+        assert await asyncio.gather(*calls) == ["answer a", "answer b", "answer c"]
+
+    asyncio.run(go())
+
+
+def test_max_batch_and_calls_out_at_once_bound_the_batch_calls() -> None:
+    async def go() -> None:
+        stage = Stage()
+        stage.gate.clear()
+        hop = _hop(stage, max_batch=2, max_in_flight=2)
+        calls = [asyncio.create_task(hop(r, None)) for r in "abcdef"]
+        await asyncio.sleep(0.01)
+        assert stage.sent == [["a", "b"], ["c", "d"]]  # two out at once, two calls each
+        stage.gate.set()
+        await asyncio.gather(*calls)
+        assert stage.sent[2] == ["e", "f"]
+
+    asyncio.run(go())
+
+
+def test_a_call_whose_deadline_passes_in_the_queue_is_not_sent_and_a_failed_batch_call_fails_each() -> None:
+    async def go() -> None:
+        stage = Stage()
+        stage.gate.clear()
+        hop = _hop(stage)
+        first = asyncio.create_task(hop("a", None))
+        await asyncio.sleep(0.01)
+        late = asyncio.create_task(hop("late", 0.001))
+        others = [asyncio.create_task(hop(r, None)) for r in "bc"]
+        await asyncio.sleep(0.02)
+        stage.fail_whole = True
+        stage.gate.set()
+        assert await first == "answer a"
+        with pytest.raises(DeadlineExceeded, match="queued in the gateway"):
+            await late
+        for task in others:
+            with pytest.raises(StageUnavailable, match="stage down"):
+                await task
+        assert ["late"] not in stage.sent and stage.sent[-1] == ["b", "c"]
+
+    asyncio.run(go())
+
+
+def test_a_cancelled_call_leaves_the_queue() -> None:
+    async def go() -> None:
+        stage = Stage()
+        stage.gate.clear()
+        hop = _hop(stage)
+        first = asyncio.create_task(hop("a", None))
+        await asyncio.sleep(0.01)
+        gone = asyncio.create_task(hop("gone", None))
+        kept = asyncio.create_task(hop("kept", None))
+        await asyncio.sleep(0.01)
+        gone.cancel()
+        stage.gate.set()
+        await first
+        assert await kept == "answer kept" and all("gone" not in s for s in stage.sent)
+
+    asyncio.run(go())
+
+
+def test_the_calls_out_at_once_default_to_the_addresses_a_target_lists() -> None:
+    assert addresses("ipv4:127.0.0.1:5001,127.0.0.1:5002") == 2
+    assert addresses("127.0.0.1:5001") == 1 and addresses("dns:///ranking:50054") == 1
+    hop = Hop("s.M", Stage().unary, Stage().batch, HopConfig(), replicas=addresses("ipv4:a:1,b:2,c:3"))
+    assert hop.max_in_flight == 3
