@@ -150,18 +150,26 @@ class RankingCore:
         """(k,) click probabilities for the user's candidates (the arrays checked by ``RankQuery``)."""
         return self.rank_batch([RankQuery.checked(user.dense, user.sparse, items.dense, items.sparse, self.limits)])[0]
 
+    @property
+    def users_per_forward(self) -> int:
+        """Queries per forward at most: the users warmed for where the forward serves warmed buckets (a
+        compiled or captured form: on a CPU one, so each query of a batch runs the compiled one-user
+        form, not the eager fallback), else ``CHUNK_USERS``."""
+        return self.max_users if self.predictor.mode != "eager" else CHUNK_USERS
+
     def rank_batch(self, queries: Sequence[RankQuery]) -> list[np.ndarray]:
         """DLRM forwards over every query's candidates, split back: each (k_i,) float32 equals what the
-        query would get alone. A forward carries at most ``CHUNK_ROWS`` candidates and ``CHUNK_USERS``
+        query would get alone. A forward carries at most ``CHUNK_ROWS`` candidates and ``users_per_forward``
         queries (the user-side work still done once per query in it); a query with more candidates than
         that runs as several forwards. So every forward's shape has a bucket that was warmed at load, and
         the working set stays bounded."""
         pieces: list[list[np.ndarray]] = [[] for _ in queries]
         chunk: list[tuple[int, RankQuery]] = []
         rows = 0
+        users = self.users_per_forward
         for i, q in enumerate(queries):
             for part in _split(q, CHUNK_ROWS):
-                if chunk and (rows + part.k > CHUNK_ROWS or len(chunk) == CHUNK_USERS):
+                if chunk and (rows + part.k > CHUNK_ROWS or len(chunk) == users):
                     self._forward(chunk, pieces)
                     chunk, rows = [], 0
                 chunk.append((i, part))

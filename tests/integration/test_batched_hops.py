@@ -9,7 +9,6 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import numpy as np
 import pytest
-from conftest import wait_serving
 
 from recpipe.client import RecommendClient
 from recpipe.errors import UnknownUser
@@ -26,6 +25,18 @@ from recpipe.v1 import (
 )
 
 USERS = list(range(12))
+
+
+def wait_serving(address: str, timeout: float = 30.0) -> None:
+    import time
+
+    from recpipe.serving.supervisor import health_status
+
+    deadline = time.monotonic() + timeout
+    with grpc.insecure_channel(address) as channel:
+        while health_status(channel) != "SERVING":
+            assert time.monotonic() < deadline, f"{address} not SERVING after {timeout} s"
+            time.sleep(0.05)
 
 
 def _rank_requests(address: str, users: list[int], k: int = 30) -> list[ranking_pb2.RankRequest]:

@@ -128,6 +128,11 @@ CASES: dict[str, tuple[str, str]] = {
     "recpipe bench chain --models M --data D --threads 1": (RUN, "--queries 5 --warmup 2"),
     "recpipe bench querygen": (RUN, "--rates 100 --duration 0.3 --warmup 0.1"),
     "recpipe bench hop": (RUN, "--calls 20 --warmup 5"),
+    "recpipe characterize --out char-a ...":
+        (SKIP, "docs/characterize-data-paths.md's outline of the command run in full above (its section is "
+               "skipped on a CPU: tests/unit/test_data_paths.py, tests/integration/test_characterize.py)"),
+    "recpipe report char-a char-b --out ab/": (SKIP, "the same report of two characterizations as run above"),
+    "recpipe bench firstcall --models M --data D --out firstcall/": (RUN, "--precisions fp32 --counts 1,50"),
     "recpipe bench chain --models models --data data --device cuda --queries 500 --nvtx":
         (SKIP, "--nvtx and --device cuda need a CUDA device (its CPU refusal: tests/unit/test_ranking_gpu.py)"),
     "recpipe bench overload --models M --data D --rate R":
@@ -330,6 +335,7 @@ def test_every_readme_command_works_at_small_scale(
         ("recpipe bench chain --models M --data D --threads 1", {"queries": "5", "warmup": "2"}),
         ("recpipe bench querygen", {"rates": "100", "duration": "0.3", "warmup": "0.1"}),
         ("recpipe bench hop", {"calls": "20", "warmup": "5"}),
+        ("recpipe bench firstcall --models M --data D --out firstcall/", {"precisions": "fp32", "counts": "1,50"}),
         ("recpipe bench overload --models M --data D --rate R",
          {"target": f"127.0.0.1:{ports['gateway']}", "rate": "10", "base_s": "1", "overload_s": "1",
           "recovery_s": "0.5"}),
