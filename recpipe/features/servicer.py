@@ -35,9 +35,14 @@ class FeatureCoreLike(Protocol):
     def items_batch(self, queries: Sequence[ItemsQuery]) -> list[ItemFeatures]: ...
 
 
+def _id_limit(core: FeatureCoreLike) -> int:
+    """A bound on every encoded categorical id: a table's vocabulary never exceeds its rows."""
+    return max(core.num_users, core.num_items)
+
+
 def _encode_user(core: FeatureCoreLike, user: UserFeatures) -> features_pb2.AugmentUserResponse:
     return features_pb2.AugmentUserResponse(user_id=user.user_id, dense=codec.encode(user.dense),
-                                            sparse=codec.encode(user.sparse),
+                                            sparse=codec.encode_ids(user.sparse, _id_limit(core)),
                                             recent_items=codec.encode(user.recent_items))
 
 
@@ -47,7 +52,9 @@ def _decode_items(core: FeatureCoreLike, request: features_pb2.AugmentItemsReque
 
 
 def _encode_items(core: FeatureCoreLike, items: ItemFeatures) -> features_pb2.AugmentItemsResponse:
-    return features_pb2.AugmentItemsResponse(dense=codec.encode(items.dense), sparse=codec.encode(items.sparse))
+    # the ids as int32 (they fit): the largest tensor of the chain's largest messages, halved
+    return features_pb2.AugmentItemsResponse(dense=codec.encode(items.dense),
+                                             sparse=codec.encode_ids(items.sparse, _id_limit(core)))
 
 
 AUGMENT_USER: Method[FeatureCoreLike, UserQuery, UserFeatures] = Method(

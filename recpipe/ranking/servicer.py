@@ -41,9 +41,9 @@ def _decode(core: RankingCoreLike, request: ranking_pb2.RankRequest) -> RankQuer
     item_dense = codec.decode(request.item_dense, "item_dense", "float32", (None, core.item_dense_dim))
     return RankQuery.checked(
         codec.decode(request.user_dense, "user_dense", "float32", (core.user_dense_dim,)),
-        codec.decode(request.user_sparse, "user_sparse", "int64", (USER_SPARSE_DIM,)),
+        codec.decode_ids(request.user_sparse, "user_sparse", (USER_SPARSE_DIM,)),
         item_dense,
-        codec.decode(request.item_sparse, "item_sparse", "int64", (item_dense.shape[0], ITEM_SPARSE_DIM)),
+        codec.decode_ids(request.item_sparse, "item_sparse", (item_dense.shape[0], ITEM_SPARSE_DIM)),
         core.limits,
     )
 

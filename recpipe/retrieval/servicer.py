@@ -42,7 +42,7 @@ class RetrievalCoreLike(Protocol):
 def _decode(core: RetrievalCoreLike, request: retrieval_pb2.RetrieveRequest) -> RetrieveQuery:
     return RetrieveQuery.checked(
         codec.decode(request.user_dense, "user_dense", "float32", (core.user_dense_dim,)),
-        codec.decode(request.user_sparse, "user_sparse", "int64", (USER_SPARSE_DIM,)),
+        codec.decode_ids(request.user_sparse, "user_sparse", (USER_SPARSE_DIM,)),
         int(request.k), core.limits, int(request.nprobe), int(request.ef_search),
     )
 

@@ -69,6 +69,25 @@ def decode(
     return arr if dt.isnative else arr.astype(dt.newbyteorder("="))
 
 
+#: the integer dtypes an id tensor may travel in: int32 where every id fits (what recpipe sends), int64
+ID_DTYPES = ("int32", "int64")
+
+
+def decode_ids(tensor: tensor_pb2.Tensor, field: str, shape: Sequence[int | None] | None = None) -> np.ndarray:
+    """``decode`` for a tensor of ids, in either of ``ID_DTYPES`` (a view; the consumer widens if it
+    must)."""
+    dtype = tensor.dtype if tensor.dtype in ID_DTYPES else "int64"
+    return decode(tensor, field, dtype, shape)
+
+
+def encode_ids(ids: np.ndarray, limit: int) -> tensor_pb2.Tensor:
+    """Encode ids below ``limit`` as int32 when they fit (half the bytes of int64), else as they are."""
+    arr = np.asarray(ids)
+    if arr.dtype != np.int32 and limit <= np.iinfo(np.int32).max:
+        arr = arr.astype(np.int32)
+    return encode(arr)
+
+
 def _shape(dims: Sequence[int]) -> str:
     """A client's shape for an error message, bounded like every echoed value (it may have 500,000 dims)."""
     if len(dims) <= 16:

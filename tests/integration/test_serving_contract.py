@@ -136,7 +136,8 @@ def test_malformed_tensors_to_features_are_invalid_argument(serving_chain):
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, what
             assert "item" in info.value.details(), what
         reply = stub.AugmentItems(features_pb2.AugmentItemsRequest(user_id=2, item_ids=ids), timeout=10)
-        assert codec.decode(reply.sparse, "sparse", "int64").shape == (10, len(schema.ITEM_CATEGORICAL))
+        # the ids travel as int32 (every id fits): half the bytes of int64; stages take either
+        assert codec.decode(reply.sparse, "sparse", "int32").shape == (10, len(schema.ITEM_CATEGORICAL))
 
 
 def test_malformed_tensors_to_retrieval_are_invalid_argument(serving_chain):

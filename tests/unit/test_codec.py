@@ -41,3 +41,15 @@ def test_wrong_shape_is_bad_request() -> None:
     t.shape[:] = [-1, -6]
     with pytest.raises(BadRequest, match="negative dimension"):
         codec.decode(t, "x", "float32")
+
+
+def test_ids_travel_as_int32_where_they_fit_and_decode_from_either_width() -> None:
+    ids = np.arange(12, dtype=np.int64).reshape(3, 4)
+    small = codec.encode_ids(ids, limit=1000)
+    assert small.dtype == "int32" and len(small.data) == ids.size * 4
+    np.testing.assert_array_equal(codec.decode_ids(small, "ids", (3, 4)), ids)
+    wide = codec.encode_ids(ids, limit=2**40)  # ids that might not fit stay int64
+    assert wide.dtype == "int64"
+    np.testing.assert_array_equal(codec.decode_ids(wide, "ids", (3, 4)), ids)
+    with pytest.raises(BadRequest, match="expected dtype int64, got float32"):
+        codec.decode_ids(codec.encode(ids.astype(np.float32)), "ids")
