@@ -22,6 +22,7 @@ precision there is a usage error.
 from __future__ import annotations
 
 import copy
+import os
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -65,8 +66,17 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[str, ...]:
     return ()
 
 
+#: oneDNN's ISA caps (``ONEDNN_MAX_CPU_ISA``) below its first bf16 one: under them bf16 is emulated
+_NO_BF16_ISAS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX512_CORE", "AVX512_CORE_VNNI")
+
+
 def native_bf16(flags: tuple[str, ...] | None = None) -> bool:
-    """Whether the CPU computes bf16 matmuls natively (AVX512-BF16 or AMX-BF16)."""
+    """Whether the CPU computes bf16 matmuls natively (AVX512-BF16 or AMX-BF16), and oneDNN may use
+    them: ``ONEDNN_MAX_CPU_ISA`` (or ``DNNL_MAX_CPU_ISA``) capped below AVX512_CORE_BF16 makes bf16
+    emulated, and is how a test run on such a CPU takes an AVX2-only machine's paths."""
+    cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").strip().upper()
+    if cap in _NO_BF16_ISAS:
+        return False
     have = cpu_flags() if flags is None else flags
     return "avx512_bf16" in have or "amx_bf16" in have
 

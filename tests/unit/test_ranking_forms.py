@@ -277,6 +277,19 @@ def test_cpu_flags_are_read_from_cpuinfo(tmp_path) -> None:
     assert precision.cpu_flags(tmp_path / "missing") == ()
 
 
+def test_a_onednn_isa_cap_below_bf16_makes_bf16_not_native(monkeypatch) -> None:
+    flags = ("avx512_bf16", "avx512f", "avx2")
+    for cap in ("AVX2", "avx512_core_vnni"):
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+        assert not precision.native_bf16(flags)
+        assert precision.available(torch.device("cpu")) == ("fp32", "int8")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX")
+    assert precision.native_bf16(flags)
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    monkeypatch.setenv("DNNL_MAX_CPU_ISA", "AVX2")
+    assert not precision.native_bf16(flags)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("interaction", ["dot", "dcn"])
