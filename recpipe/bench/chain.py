@@ -75,9 +75,9 @@ def run(args: argparse.Namespace) -> int:
     supervisor = None
     target = args.target
     if target is None:
-        ports, metrics = allocate_ports(REGISTRY, DEFAULT_HOST, 0, -1)
+        ports = allocate_ports(REGISTRY, DEFAULT_HOST, 0, -1)
         stages = supervised_stages(REGISTRY, models=args.models, data=args.data, host=DEFAULT_HOST, ports=ports,
-                                   metrics=metrics, device=args.device, threads=args.threads,
+                                   device=args.device, threads=args.threads,
                                    workers=args.workers,
                                    # the in-process chain's options (fp32 ranking), so both answer alike
                                    extra=[*merged_argv(IN_PROCESS_OPTIONS.values()),

@@ -97,11 +97,11 @@ def run(args: argparse.Namespace) -> int:
     target = args.target
     if target is None:
         require_dirs(("--models", args.models), ("--data", args.data))
-        ports, metrics = allocate_ports(REGISTRY, DEFAULT_HOST, 0, -1)
+        ports = allocate_ports(REGISTRY, DEFAULT_HOST, 0, -1)
         extra = ["--max-batch", str(args.max_batch), "--max-queue", str(args.max_queue),
                  "--max-in-flight", str(args.max_in_flight)]
         stages = supervised_stages(REGISTRY, models=args.models, data=args.data, host=DEFAULT_HOST, ports=ports,
-                                   metrics=metrics, device=args.device, threads=args.threads,
+                                   device=args.device, threads=args.threads,
                                    workers=args.workers, extra=extra)
         supervisor = Supervisor(stages, standby=fault is not None and args.warm_standby)
         supervisor.start()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -21,8 +21,14 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
-def snapshot(pids: Mapping[str, int | None]) -> dict[str, float | None]:
-    return {name: (cpu_seconds(pid) if pid else None) for name, pid in pids.items()}
+def snapshot(pids: Mapping[str, Sequence[int | None]]) -> dict[str, float | None]:
+    """CPU seconds per name, over its processes together (a stage's replicas); None when one is
+    unreadable."""
+    out: dict[str, float | None] = {}
+    for name, group in pids.items():
+        seconds = [cpu_seconds(pid) if pid else None for pid in group]
+        out[name] = None if not seconds or None in seconds else sum(s for s in seconds if s is not None)
+    return out
 
 
 def per_query(before: Mapping[str, float | None], after: Mapping[str, float | None],

@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -76,12 +76,14 @@ def _gpus() -> list[dict[str, str]]:
 @dataclass(frozen=True)
 class Chain:
     gateway: str
-    pids: dict[str, int | None]
-    #: every stage's address
-    addresses: dict[str, str]
+    #: per stage, its processes' pids (one per replica)
+    pids: dict[str, list[int | None]]
+    #: per stage, the address of each of its processes
+    addresses: dict[str, list[str]]
 
     def cpu(self) -> dict[str, float | None]:
-        return cputime.snapshot({**self.pids, GENERATOR: os.getpid()})
+        """CPU seconds per stage (its replicas together) and of this process."""
+        return cputime.snapshot({**self.pids, GENERATOR: [os.getpid()]})
 
     def traffic(self) -> dict[str, Traffic | None]:
         """What each stage that reports its copies (GetInfo details ``transfers``) copied so far."""
@@ -90,47 +92,66 @@ class Chain:
         return loops.run(_traffic(self.addresses))
 
 
-async def _traffic(addresses: dict[str, str]) -> dict[str, Traffic | None]:
+async def _traffic(addresses: dict[str, list[str]]) -> dict[str, Traffic | None]:
     from recpipe.errors import UsageError
     from recpipe.querygen import clients
 
     out: dict[str, Traffic | None] = {}
-    for name, target in addresses.items():
-        try:
-            channel = await clients.connect(target)
-        except UsageError:
-            continue
-        try:
-            info = await clients.get_info(channel)
-        finally:
-            await channel.close(None)
-        text = ((info or {}).get("details") or {}).get(TRAFFIC_KEY)
-        if text is not None:
-            out[name] = Traffic.parse(text)
+    for name, targets in addresses.items():
+        for target in targets:  # a stage's replicas each count their own
+            try:
+                channel = await clients.connect(target)
+            except UsageError:
+                continue
+            try:
+                info = await clients.get_info(channel)
+            finally:
+                await channel.close(None)
+            text = ((info or {}).get("details") or {}).get(TRAFFIC_KEY)
+            if text is not None:
+                out[name] = _plus(out.get(name), Traffic.parse(text))
     return out
+
+
+def _plus(a: Traffic | None, b: Traffic | None) -> Traffic | None:
+    if a is None or b is None:
+        return b if a is None else a
+    return Traffic(**{f.name: getattr(a, f.name) + getattr(b, f.name) for f in fields(Traffic)})
 
 
 @contextlib.contextmanager
 def chain(settings: Settings, log_level: str) -> Iterator[Chain]:
-    """The stages, one process each, on free ports of 127.0.0.1 (as ``recpipe demo`` starts them)."""
+    """The stages (one process each, or the replicas ``settings.replicas`` asks for) on free ports of
+    127.0.0.1, as ``recpipe demo`` starts them."""
     from recpipe.config import DEFAULT_HOST
-    from recpipe.serving.launch import allocate_ports, resolve_threads, supervised_stages, threads_arg
+    from recpipe.serving.launch import (
+        allocate_ports,
+        direct_target,
+        resolve_replicas,
+        resolve_threads,
+        supervised_stages,
+        threads_arg,
+    )
     from recpipe.serving.supervisor import Supervisor
     from recpipe.stages import REGISTRY
 
     host = DEFAULT_HOST
-    ports, metrics = allocate_ports(REGISTRY, host, 0, -1)
-    threads, chosen = resolve_threads(REGISTRY, threads_arg(settings.threads))
+    replicas, replicas_line = resolve_replicas(REGISTRY, settings.replicas)
+    ports = allocate_ports(REGISTRY, host, 0, -1, replicas)
+    threads, chosen = resolve_threads(REGISTRY, threads_arg(settings.threads), replicas)
     stages = supervised_stages(REGISTRY, models=Path(settings.models), data=Path(settings.data), host=host,
-                               ports=ports, metrics=metrics, device=settings.device, threads=threads,
+                               ports=ports, device=settings.device, threads=threads,
                                workers=settings.workers, log_level=log_level, extra=settings.serve_args)
-    say(f"serve: starting {', '.join(REGISTRY.names)} (one process each); {chosen}")
+    say(f"serve: starting {', '.join(REGISTRY.names)}; {replicas_line}; {chosen}")
     supervisor = Supervisor(stages)
     supervisor.start()
     try:
-        pids = {spec.name: supervisor.pid(spec.name) for spec in stages}
-        addresses = supervisor.addresses()
-        yield Chain(addresses[REGISTRY.entry.name], pids, addresses)
+        own = {spec.name: spec.address for spec in stages}
+        processes = supervisor.replicas()
+        pids = {stage: [supervisor.pid(p) for p in names] for stage, names in processes.items()}
+        addresses = {stage: [own[p] for p in names] for stage, names in processes.items()}
+        # this one process generates the load: it calls each gateway replica directly, per call
+        yield Chain(direct_target(stages, REGISTRY.entry.name), pids, addresses)
     finally:
         supervisor.stop()
 

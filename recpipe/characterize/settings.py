@@ -70,6 +70,8 @@ class Settings:
     dataset_sha256: str | None
     device: str = "auto"
     threads: str = "auto"
+    #: ``--replicas`` as given ("1": one process per stage)
+    replicas: str = "1"
     workers: int = 0
     serve_args: tuple[str, ...] = ()
     num_candidates: int = 500
@@ -97,14 +99,17 @@ class Settings:
 #: settings two characterizations must share for a speed-up between them to mean something
 COMPARABLE: tuple[str, ...] = ("quick", "data_scale", "data_seed", "num_candidates", "num_results", "seed", "sizes")
 #: settings a rerun into the same --out must share with the finished sections (else they do not belong together)
-RESUMABLE: tuple[str, ...] = (*COMPARABLE, "data", "models", "device", "threads", "workers", "serve_args")
+RESUMABLE: tuple[str, ...] = (*COMPARABLE, "data", "models", "device", "threads", "replicas", "workers",
+                              "serve_args")
+#: what a document written before a setting existed was measured with
+_DEFAULTS: dict[str, Any] = {"replicas": "1"}
 
 
 def differences(a: dict[str, Any], b: dict[str, Any], keys: tuple[str, ...] = COMPARABLE) -> list[str]:
     """``"threads 'auto' vs '2'"`` for each of ``keys`` where the settings blocks differ (sizes by field)."""
     out = []
     for key in keys:
-        x, y = a.get(key), b.get(key)
+        x, y = a.get(key, _DEFAULTS.get(key)), b.get(key, _DEFAULTS.get(key))
         if key == "sizes" and isinstance(x, dict) and isinstance(y, dict):
             out += [f"sizes.{k} {x.get(k)!r} vs {y.get(k)!r}" for k in sorted(set(x) | set(y)) if x.get(k) != y.get(k)]
         elif x != y:

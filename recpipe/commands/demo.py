@@ -15,7 +15,7 @@ from pathlib import Path
 
 from recpipe.config import DEFAULT_NUM_RESULTS
 from recpipe.errors import UsageError
-from recpipe.serving.launch import THREADS_HELP, threads_arg
+from recpipe.serving.launch import REPLICAS_HELP, THREADS_HELP, replicas_arg, threads_arg
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,6 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-results", type=int, default=0, help="results per query (0 = 10)")
     parser.add_argument("--device", default="auto", help="auto|cpu|cuda for retrieval and ranking")
     parser.add_argument("--threads", type=threads_arg, default=None, help=THREADS_HELP)
+    parser.add_argument("--replicas", type=replicas_arg, default=None, metavar="STAGE=N[,...]|N|auto",
+                        help=REPLICAS_HELP)
     parser.add_argument("--seed", type=int, default=0, help="seed of the query user ids")
 
 
@@ -77,22 +79,29 @@ def _serve_and_measure(args: argparse.Namespace, data: Path, models: Path) -> in
     from recpipe.querygen import loops, output, plots, session
     from recpipe.querygen.config import QuerygenConfig
     from recpipe.querygen.workload import fixed_candidates
-    from recpipe.serving.launch import allocate_ports, resolve_threads, supervised_stages
+    from recpipe.serving.launch import (
+        allocate_ports,
+        direct_target,
+        resolve_replicas,
+        resolve_threads,
+        supervised_stages,
+    )
     from recpipe.serving.supervisor import Supervisor
     from recpipe.stages import REGISTRY
 
     host = DEFAULT_HOST
-    ports, metrics = allocate_ports(REGISTRY, host, 0, -1)
-    threads, chosen = resolve_threads(REGISTRY, args.threads)
-    stages = supervised_stages(REGISTRY, models=models, data=data, host=host, ports=ports, metrics=metrics,
+    replicas, replicas_line = resolve_replicas(REGISTRY, args.replicas)
+    ports = allocate_ports(REGISTRY, host, 0, -1, replicas)
+    threads, chosen = resolve_threads(REGISTRY, args.threads, replicas)
+    stages = supervised_stages(REGISTRY, models=models, data=data, host=host, ports=ports,
                                device=args.device, threads=threads, log_level=args.log_level)
-    _step(f"serve: starting {', '.join(REGISTRY.names)} (one process each); {chosen}")
+    _step(f"serve: starting {', '.join(REGISTRY.names)}; {replicas_line}; {chosen}")
     supervisor = Supervisor(stages)
     supervisor.start()
     try:
         for spec in stages:
             print(f"   {spec.name:<10} {spec.address}  pid {supervisor.pid(spec.name)}", file=sys.stderr)
-        gateway = supervisor.addresses()[REGISTRY.entry.name]
+        gateway = direct_target(stages, REGISTRY.entry.name)  # every gateway replica, per call
         k = args.num_candidates or DEFAULT_NUM_CANDIDATES
         config = QuerygenConfig(target=gateway, mode="sequential", candidates=fixed_candidates(k),
                                 queries=args.queries, warmup=WARMUP_S,

@@ -5,7 +5,8 @@ all report SERVING, prints their addresses, restarts a stage that dies or stops 
 checks (--unresponsive-timeout), and on SIGINT/SIGTERM drains and stops them all. Ports: gateway --port
 (default 50051), then features, retrieval, ranking on the next three (50052-50054); --port 0 picks free
 ports. Metrics: http://HOST:(gRPC port + 1000)/metrics unless --metrics-port says otherwise (-1 turns
-them off).
+them off). --replicas runs a stage as several processes: a called stage's replicas on their own ports
+(+100 each), balanced per call by its callers; the gateway's behind its one port (SO_REUSEPORT).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from recpipe.config import DEFAULT_DATA_DIR, DEFAULT_HOST, DEFAULT_MODELS_DIR, D
 from recpipe.errors import UsageError
 from recpipe.serving.batcher import BatchConfig
 from recpipe.serving.config import DEFAULT_UNRESPONSIVE_S
-from recpipe.serving.launch import THREADS_HELP, threads_arg
+from recpipe.serving.launch import REPLICAS_HELP, THREADS_HELP, replicas_arg, threads_arg
 from recpipe.stages import registry
 
 if TYPE_CHECKING:
@@ -70,6 +71,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "freezes is replaced in milliseconds instead of seconds (default on; costs each "
                              "stage's memory twice)")
     parser.add_argument("--standby", action="store_true", help=argparse.SUPPRESS)  # what the supervisor passes
+    parser.add_argument("--replicas", type=replicas_arg, default=None, metavar="STAGE=N[,...]|N|auto",
+                        help=f"--stage all: {REPLICAS_HELP}")
+    parser.add_argument("--bind-after-load", action="store_true",
+                        help="--stage NAME: take the port only once loaded (a replica: callers balancing over "
+                             "several never pick one still loading)")
+    parser.add_argument("--reuse-port", action="store_true",
+                        help="--stage NAME: share --port with this stage's other processes (SO_REUSEPORT; the "
+                             "kernel spreads connections): replicas behind one address")
+    parser.add_argument("--own-port", type=int, default=None, metavar="PORT",
+                        help="--stage NAME: also listen on PORT, this process alone (a replica's health "
+                             "checks and GetInfo; 0 = free)")
     parser.add_argument("--unresponsive-timeout", type=_seconds, default=None, metavar="SECONDS",
                         help="--stage all: restart a stage whose health has not answered for this long "
                              f"(default {DEFAULT_UNRESPONSIVE_S:g}; 0 = never)")
@@ -160,8 +172,9 @@ def upstream_targets(args: argparse.Namespace, stages: Registry, stage: str) -> 
 def _run_one(args: argparse.Namespace, stages: Registry, batch: BatchConfig, options: dict) -> int:
     import asyncio
 
-    if args.unresponsive_timeout is not None:
-        raise UsageError("--unresponsive-timeout only applies to --stage all (the supervisor)")
+    for flag, value in (("--unresponsive-timeout", args.unresponsive_timeout), ("--replicas", args.replicas)):
+        if value is not None:
+            raise UsageError(f"{flag} only applies to --stage all (the supervisor)")
     _refuse_foreign_targets(args, stages, args.stage)
 
     from recpipe.serving import launch, runner
@@ -185,7 +198,8 @@ def stage_config(args: argparse.Namespace, stage: str, port: int, metrics_port: 
     return StageConfig(stage=stage, models_dir=args.models, data_dir=args.data, host=args.host, port=port,
                        metrics_port=metrics_port, device=args.device, threads=args.threads or 0, workers=args.workers,
                        grace_s=args.grace, targets=targets, batch=batch, nvtx=args.nvtx, options=options,
-                       standby=args.standby)
+                       standby=args.standby, bind_after_load=args.bind_after_load, reuse_port=args.reuse_port,
+                       own_port=args.own_port)
 
 
 def _refuse_foreign_targets(args: argparse.Namespace, stages: Registry, stage: str | None) -> None:
@@ -206,14 +220,19 @@ def _run_all(args: argparse.Namespace, stages: Registry, batch: BatchConfig, opt
     from recpipe.serving.supervisor import Supervisor
 
     _refuse_foreign_targets(args, stages, None)
+    for flag, used in (("--bind-after-load", args.bind_after_load), ("--reuse-port", args.reuse_port),
+                       ("--own-port", args.own_port is not None)):
+        if used:
+            raise UsageError(f"{flag} only applies to --stage NAME (--stage all sets it for replicas)")
+    replicas, replicas_line = launch.resolve_replicas(stages, args.replicas)
     for path, what in ((args.models, "--models"), (args.data, "--data")):
         if not Path(path).is_dir():
             raise UsageError(f"{what} {path}: no such directory")
     base = DEFAULT_PORT if args.port is None else args.port
-    ports, metrics = launch.allocate_ports(stages, args.host, base, args.metrics_port)
-    threads, chosen = launch.resolve_threads(stages, args.threads)
+    ports = launch.allocate_ports(stages, args.host, base, args.metrics_port, replicas)
+    threads, chosen = launch.resolve_threads(stages, args.threads, replicas)
     processes = launch.supervised_stages(
-        stages, models=args.models, data=args.data, host=args.host, ports=ports, metrics=metrics,
+        stages, models=args.models, data=args.data, host=args.host, ports=ports,
         device=args.device, threads=threads, workers=args.workers, grace=args.grace, log_level=args.log_level,
         extra=[*batch.to_argv(), *(["--nvtx"] if args.nvtx else []), *merged_argv(options.values())],
     )
@@ -225,9 +244,11 @@ def _run_all(args: argparse.Namespace, stages: Registry, batch: BatchConfig, opt
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     supervisor.start(stop)
-    print(f"recpipe serving ({len(processes)} stages; Ctrl-C stops):")
+    many = f", {len(processes)} processes" if len(processes) > len(stages) else ""
+    print(f"recpipe serving ({len(stages)} stages{many}; Ctrl-C stops):")
     print(summary(supervisor, processes, args.host))
     print(chosen)
+    print(replicas_line)
     sys.stdout.flush()
     supervisor.run(stop)
     print("recpipe: all stages stopped", flush=True)
@@ -235,15 +256,18 @@ def _run_all(args: argparse.Namespace, stages: Registry, batch: BatchConfig, opt
 
 
 def summary(supervisor: Supervisor, stages: list[StageProcess], host: str) -> str:
-    """The machine line and one row per stage (address, pid, device and threads from its GetInfo)."""
+    """The machine line, one row per stage process (address, pid, device and threads from its GetInfo;
+    a replica's own address), then how each stage run as replicas is reached."""
     from recpipe.client import RecommendClient
     from recpipe.errors import RecpipeError
     from recpipe.querygen.platform_info import detect
     from recpipe.querygen.table import serve_table
+    from recpipe.serving.launch import direct_target
 
     rows = []
     for spec in stages:
-        row: dict[str, object] = {"name": spec.name, "address": spec.address, "pid": supervisor.pid(spec.name),
+        row: dict[str, object] = {"name": spec.name, "stage": spec.stage, "address": spec.address,
+                                  "pid": supervisor.pid(spec.name),
                                   "metrics": (f"http://{host}:{spec.metrics_port}/metrics"
                                               if spec.metrics_port is not None else None)}
         try:
@@ -253,6 +277,15 @@ def summary(supervisor: Supervisor, stages: list[StageProcess], host: str) -> st
         except RecpipeError:
             pass
         rows.append(row)
-    return serve_table(rows, detect())
+    lines = [serve_table(rows, detect())]
+    for stage, names in supervisor.replicas().items():
+        if len(names) > 1:
+            target = supervisor.addresses()[stage]
+            how = ("every address in its callers' target, balanced per call (round_robin)"
+                   if target.startswith(("ipv4:", "ipv6:")) else
+                   "sharing one port (SO_REUSEPORT: the kernel spreads client connections; one client "
+                   f"process reaches them all, per call, at {direct_target(stages, stage)})")
+            lines.append(f"{stage}: {len(names)} replicas at {target}: {how}")
+    return "\n".join(lines)
 
 

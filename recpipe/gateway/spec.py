@@ -18,5 +18,5 @@ def build(cfg: StageConfig) -> Stage:
     return GatewayStage(features, retrieval, ranking, opts)
 
 
-SPEC = StageSpec(NAME, port_offset=0, build=build, options=GatewayOptions, upstream=UPSTREAM,
+SPEC = StageSpec(NAME, port_offset=0, build=build, cost=2.5, options=GatewayOptions, upstream=UPSTREAM,
                  description="the chain: AugmentUser -> Retrieve -> AugmentItems -> Rank")

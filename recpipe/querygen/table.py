@@ -176,7 +176,7 @@ def support_warnings(doc: Mapping[str, Any]) -> list[str]:
 
 def serve_table(rows: Sequence[Mapping[str, Any]], platform: Mapping[str, Any] | None) -> str:
     """``recpipe serve``'s summary: the machine line, then one row per stage process."""
-    pipeline = {r["name"]: r for r in rows}
+    pipeline = {r.get("stage", r["name"]): r for r in rows}  # a stage's replicas share its device
     lines = [machine_line(platform, pipeline)]
     table = _Table(["stage", "address (host:port)", "pid", "device", "threads (n)", "metrics (url)"], 10,
                    left=(1, 3, 5))

@@ -1,9 +1,13 @@
 """Client channels to recpipe stages.
 
 ``round_robin`` makes a channel to a ``dns:///host:port`` name that resolves to several addresses (a
-scaled-out stage behind one DNS name) spread calls over all of them instead of pinning the first one
-(the default ``pick_first``). Message limits are raised because 10,000 candidates' item features exceed
-gRPC's 4 MiB default.
+scaled-out stage behind one DNS name), or to an ``ipv4:`` list of them (``recpipe serve --replicas``),
+spread calls over all of them instead of pinning the first one (the default ``pick_first``). Message
+limits are raised because 10,000 candidates' item features exceed gRPC's 4 MiB default.
+
+Each channel makes its own connections: gRPC's default, a subchannel pool shared by the whole process,
+gives every channel to one address the same connection, so all of locust's users (one process) would
+reach one of the gateway's replicas behind its one port, which the kernel spreads by connection.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ CHANNEL_OPTIONS: tuple[tuple[str, object], ...] = (
     # Reconnect quickly after a stage restarts instead of backing off for up to two minutes.
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
+    # This channel's own connections, not those of another channel to the same address (see above).
+    ("grpc.use_local_subchannel_pool", 1),
 )
 
 

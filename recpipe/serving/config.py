@@ -34,6 +34,11 @@ class StageConfig:
     ``targets`` maps each stage this one calls (its spec's ``upstream``) to a gRPC target; ``nvtx``
     marks each request step with an NVTX range; ``options`` are the stage's own settings; ``standby``:
     load, then wait to be activated before taking the port (``recpipe.serving.runner``).
+    Replicas (``recpipe serve --replicas``): ``bind_after_load`` takes the port only once loaded, so a
+    caller balancing over several replicas never picks one still loading; ``reuse_port`` shares
+    ``port`` with the stage's other processes (SO_REUSEPORT: the kernel spreads the connections), and
+    ``own_port`` (0: a free one) is where this process alone answers too, for its supervisor's health
+    checks and GetInfo.
     """
 
     stage: str
@@ -51,9 +56,13 @@ class StageConfig:
     nvtx: bool = False
     options: StageOptions = field(default_factory=StageOptions)
     standby: bool = False
+    bind_after_load: bool = False
+    reuse_port: bool = False
+    own_port: int | None = None
 
     def __post_init__(self) -> None:
-        for name, value in (("port", self.port), ("metrics-port", self.metrics_port or 0)):
+        for name, value in (("port", self.port), ("metrics-port", self.metrics_port or 0),
+                            ("own-port", self.own_port or 0)):
             if not 0 <= value <= 65535:
                 raise UsageError(f"--{name} must be in 0..65535, got {value}")
         if self.threads < 0 or self.workers < 0:

@@ -4,19 +4,46 @@
 ``python -m recpipe serve --stage NAME`` process per stage, each with explicit ports, so a restarted
 stage comes back where the stages calling it expect it. The ports follow each spec's ``port_offset``
 from the entry stage's base port; a stage's upstream targets are the ports of the stages it calls.
+
+A stage may run as several processes, its *replicas* (``--replicas STAGE=N``, or ``auto`` from the
+cores and each stage's ``cost``: ``Registry.auto_replicas``), because one Python process is capped by its
+GIL at about a core of gRPC and asyncio work. How its callers reach them depends on who calls it:
+
+- a stage that other stages call gets one port per replica (its port, + ``REPLICA_PORT_STRIDE``, ...),
+  and its callers get every address in one target, ``ipv4:127.0.0.1:50054,127.0.0.1:50154``: their
+  channels' ``round_robin`` spreads the calls one by one over the replicas and skips one that is down.
+  Per call, not per connection: a gateway holds one channel per stage, so balancing its connections
+  would pin all of a stage's calls from one gateway to one replica.
+- the entry stage, which clients outside the chain call at one published address, shares that port
+  among its replicas (SO_REUSEPORT, an opt-in for these processes only) and the kernel spreads the
+  client connections; each replica also listens alone on its own port for its supervisor's health
+  checks and GetInfo.
+
+Replicas load before they take their ports (``StageConfig.bind_after_load``), so no caller is handed a
+replica that is still loading.
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+from recpipe.errors import UsageError
 from recpipe.serving.config import METRICS_PORT_OFFSET
-from recpipe.serving.spec import Registry
+from recpipe.serving.spec import CORES_PER_PROCESS, Registry
 from recpipe.serving.supervisor import StageProcess, free_port
+
+#: Replica k (from 0) of a stage listens on the stage's port + k x this (50054, 50154, ...; an entry
+#: stage's replicas share its port and listen alone on + (k + 1) x this), its metrics 1000 above as usual.
+REPLICA_PORT_STRIDE = 100
+#: The most replicas of one stage: more would reach the metrics ports (+ METRICS_PORT_OFFSET).
+MAX_REPLICAS = METRICS_PORT_OFFSET // REPLICA_PORT_STRIDE - 1
 
 
 def metrics_port(flag: int | None, grpc_port: int, offset: int) -> int | None:
@@ -29,19 +56,152 @@ def metrics_port(flag: int | None, grpc_port: int, offset: int) -> int | None:
     return flag + offset if flag else 0
 
 
-def allocate_ports(registry: Registry, host: str, base: int,
-                   metrics_flag: int | None) -> tuple[dict[str, int], dict[str, int | None]]:
-    """gRPC and metrics ports per stage: ``base`` + each stage's offset; ``base`` 0 picks free ports.
-    Metrics: gRPC port + 1000, or from ``metrics_flag`` (0 free, -1 off)."""
-    ports = {s.name: (base + s.port_offset if base else free_port(host)) for s in registry}
-    if metrics_flag == 0 or (metrics_flag is None and not base):
-        return ports, {s.name: free_port(host) for s in registry}
-    return ports, {s.name: metrics_port(metrics_flag, ports[s.name], s.port_offset) for s in registry}
+@dataclass(frozen=True)
+class ProcessPorts:
+    """Where one process of a stage listens: ``port`` is the stage's (shared by its replicas where
+    ``shared``), ``own`` the one this process alone answers on (equal to ``port`` unless shared),
+    ``metrics`` its Prometheus port (None: off)."""
+
+    port: int
+    own: int
+    metrics: int | None
+
+    @property
+    def shared(self) -> bool:
+        return self.own != self.port
+
+
+def shares_port(registry: Registry, name: str) -> bool:
+    """Whether the replicas of stage ``name`` share one port: no stage calls it, so its clients are
+    outside the chain and know one address."""
+    return not any(name in s.upstream for s in registry)
+
+
+def allocate_ports(registry: Registry, host: str, base: int, metrics_flag: int | None,
+                   replicas: Mapping[str, int] | None = None) -> dict[str, list[ProcessPorts]]:
+    """The ports of every process, per stage (one per replica, ``replicas`` default one each): gRPC at
+    ``base`` + the stage's offset (+ ``REPLICA_PORT_STRIDE`` per replica), ``base`` 0 picks free ports;
+    metrics at each process's own port + 1000, or from ``metrics_flag`` (0 free, -1 off).
+    ``UsageError`` when a port would pass 65535."""
+    free_metrics = metrics_flag == 0 or (metrics_flag is None and not base)
+    out: dict[str, list[ProcessPorts]] = {}
+    for spec in registry:
+        n = (replicas or {}).get(spec.name, 1)
+        shared = n > 1 and shares_port(registry, spec.name)
+        port = base + spec.port_offset if base else free_port(host)
+        processes = []
+        for k in range(n):
+            offset = spec.port_offset + (k + 1 if shared else k) * REPLICA_PORT_STRIDE
+            own = port if offset == spec.port_offset else (base + offset if base else free_port(host))
+            metrics = free_port(host) if free_metrics else metrics_port(metrics_flag, own, offset)
+            processes.append(ProcessPorts(port if shared else own, own, metrics))
+        out[spec.name] = processes
+    top = max(max(p.own, p.metrics or 0) for ps in out.values() for p in ps)
+    if top > 65535:
+        raise UsageError(f"the ports from {base} reach {top} (over 65535): choose a lower --port or fewer replicas")
+    return out
+
+
+#: ``--replicas`` help, shared by every command that starts the chain.
+REPLICAS_HELP = (f"processes per stage: STAGE=N[,STAGE=N...] (the others 1; N up to {MAX_REPLICAS}), N for "
+                 f"every stage, or auto (one process per {CORES_PER_PROCESS} cores, shared by each stage's "
+                 "cost; 1 each below that). Default 1 each")
+
+_NAMED = re.compile(r"^([A-Za-z_][\w-]*)=(\d+)$")
+
+
+def _parse_replicas(text: str) -> str | int | dict[str, int]:
+    """``auto``, N (every stage) or {STAGE: N}; ``ValueError`` with a one-line reason otherwise."""
+    t = text.strip()
+    if t == "auto":
+        return t
+    if t.isdigit():
+        return _count(t, "every stage")
+    named: dict[str, int] = {}
+    for part in t.split(","):
+        m = _NAMED.match(part.strip())
+        if m is None:
+            raise ValueError(f"must be auto, N, or STAGE=N[,STAGE=N...], got {text!r}")
+        name, count = m.groups()
+        if name in named:
+            raise ValueError(f"{name} is named twice in {text!r}")
+        named[name] = _count(count, name)
+    return named
+
+
+def _count(text: str, what: str) -> int:
+    n = int(text)
+    if not 1 <= n <= MAX_REPLICAS:
+        raise ValueError(f"{what}: replicas must be in 1..{MAX_REPLICAS}, got {n}")
+    return n
+
+
+def replicas_arg(text: str) -> str:
+    """``--replicas``: its syntax checked here (stage names by ``resolve_replicas``), returned as given."""
+    try:
+        _parse_replicas(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text.strip()
+
+
+def resolve_replicas(registry: Registry, flag: str | None) -> tuple[dict[str, int], str]:
+    """Processes per stage from ``--replicas`` (None: one each) and a line saying what was chosen;
+    ``UsageError`` for a stage the registry does not have."""
+    parsed = _parse_replicas(flag or "1")
+    if parsed == "auto":
+        cores = len(os.sched_getaffinity(0))
+        counts = registry.auto_replicas(cores, MAX_REPLICAS)
+        why = (f"one process per stage (more from {CORES_PER_PROCESS * (len(registry) + 1)} cores)"
+               if max(counts.values()) == 1 else _describe(counts))
+        return counts, f"replicas: auto on {cores} core{'s' * (cores != 1)}: {why} (by each stage's cost; " \
+                       "--replicas STAGE=N to set)"
+    if isinstance(parsed, int):
+        counts = {s.name: parsed for s in registry}
+    else:
+        assert isinstance(parsed, dict)
+        for name in parsed:
+            if name not in registry:
+                raise UsageError(f"--replicas: unknown stage {name!r}: choose {', '.join(registry.names)}")
+        counts = {s.name: parsed.get(s.name, 1) for s in registry}
+    return counts, f"replicas: {_describe(counts)}"
+
+
+def _describe(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{name} {n}" for name, n in counts.items()) if max(counts.values()) > 1 else "one process per stage"
+
+
+def replica_target(addresses: Sequence[str]) -> str:
+    """The gRPC target that reaches every one of ``addresses`` (``host:port``, IPv6 in brackets): the
+    address itself for one, else the ``ipv4:`` / ``ipv6:`` list that a round_robin channel balances over
+    call by call. Several need IP addresses (gRPC lists only addresses)."""
+    unique = list(dict.fromkeys(addresses))
+    if len(unique) == 1:
+        return unique[0]
+    listed = []
+    for address in unique:
+        host, _, port = address.rpartition(":")
+        try:
+            ip = ipaddress.ip_address(host.strip("[]"))
+        except ValueError:
+            raise UsageError(f"replicas behind one target need --host to be an IP address, got {host!r}") from None
+        listed.append((ip.version, f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"))
+    if len({version for version, _ in listed}) > 1:
+        raise UsageError(f"one target cannot list IPv4 and IPv6 addresses: {', '.join(unique)}")
+    return f"ipv{listed[0][0]}:" + ",".join(a for _, a in listed)
+
+
+def direct_target(processes: Sequence[StageProcess], stage: str) -> str:
+    """The target naming each process of ``stage`` at its own address, balanced per call: how one client
+    process reaches all the replicas of the entry stage (its one shared port would give all the calls
+    of one process, over one connection, to one replica)."""
+    return replica_target([p.address for p in processes if p.stage == stage])
 
 
 #: ``--threads`` help, shared by every command that starts the chain.
-THREADS_HELP = ("compute threads per stage: auto (default) shares this machine's cores among the stages in "
-                "proportion to their cost; N for every stage; 0 = the libraries' defaults")
+THREADS_HELP = ("compute threads per stage process: auto (default) shares this machine's cores among the stages "
+                "in proportion to their cost (a stage's share split among its replicas); N for every process; "
+                "0 = the libraries' defaults")
 
 
 def threads_arg(text: str) -> int | None:
@@ -57,14 +217,18 @@ def threads_arg(text: str) -> int | None:
     return value
 
 
-def resolve_threads(registry: Registry, flag: int | None) -> tuple[int | dict[str, int], str]:
+def resolve_threads(registry: Registry, flag: int | None,
+                    replicas: Mapping[str, int] | None = None) -> tuple[int | dict[str, int], str]:
     """The ``threads`` for ``supervised_stages`` and a line saying what was chosen: ``flag`` for every
-    stage, or with ``auto`` (None) each stage's share of the cores this process may use."""
+    stage process, or with ``auto`` (None) each stage's share of the cores this process may use, split
+    among its ``replicas``."""
     if flag is not None:
-        return flag, f"threads: {flag or 'library default'} per stage"
+        return flag, f"threads: {flag or 'library default'} per stage process"
     cores = len(os.sched_getaffinity(0))
-    shares = registry.auto_threads(cores)
-    chosen = ", ".join(f"{name} {n}" for name, n in shares.items() if n)
+    shares = registry.auto_threads(cores, replicas)
+    n = replicas or {}
+    chosen = ", ".join(f"{name} {t}" + (f" x{n[name]} processes" if n.get(name, 1) > 1 else "")
+                       for name, t in shares.items() if t)
     return shares, f"threads: auto on {cores} core{'s' * (cores != 1)}: {chosen} (by each stage's cost; --threads N to set)"
 
 
@@ -74,28 +238,38 @@ def connect_host(host: str) -> str:
 
 
 def supervised_stages(
-    registry: Registry, *, models: Path, data: Path, host: str, ports: dict[str, int],
-    metrics: dict[str, int | None], device: str = "auto", threads: int | dict[str, int] = 0, workers: int = 0,
-    grace: float = 5.0,
+    registry: Registry, *, models: Path, data: Path, host: str, ports: Mapping[str, Sequence[ProcessPorts]],
+    device: str = "auto", threads: int | dict[str, int] = 0, workers: int = 0, grace: float = 5.0,
     log_level: str = "WARNING", extra: Sequence[str] = (),
 ) -> list[StageProcess]:
-    """One ``StageProcess`` per stage, in the registry's order: ``python -m recpipe serve --stage NAME``
-    with explicit ports and its upstream targets. ``threads``: for every stage, or per stage (``--threads
-    auto``: ``Registry.auto_threads``). ``extra`` is appended to every stage's arguments (the batching
-    flags and the stages' own options)."""
+    """One ``StageProcess`` per stage process, in the registry's order: ``python -m recpipe serve --stage
+    NAME`` with explicit ports (``allocate_ports``: one per replica) and its upstream targets (every
+    replica of the stage it calls: ``replica_target``). ``threads``: for every process, or per stage
+    (``--threads auto``: ``Registry.auto_threads``). ``extra`` is appended to every stage's arguments
+    (the batching flags and the stages' own options). Replicas are named ``STAGE#1``, ``STAGE#2``, ...
+    """
     connect = connect_host(host)
+    targets = {name: replica_target([f"{connect}:{p.port}" for p in ps]) for name, ps in ports.items()}
     processes = []
     for spec in registry:
         name = spec.name
-        argv = [
-            sys.executable, "-m", "recpipe", "--log-level", log_level, "serve", "--stage", name,
-            "--models", str(models), "--data", str(data), "--host", host, "--port", str(ports[name]),
-            "--metrics-port", str(-1 if metrics[name] is None else metrics[name]),
-            "--device", device, "--threads", str(threads if isinstance(threads, int) else threads[name]),
-            "--workers", str(workers), "--grace", str(grace),
-            *extra,
-        ]
-        for upstream in spec.upstream:
-            argv += [f"--{upstream}", f"{connect}:{ports[upstream]}"]
-        processes.append(StageProcess(name, f"{connect}:{ports[name]}", tuple(argv), metrics[name]))
+        replicas = ports[name]
+        for k, p in enumerate(replicas):
+            argv = [
+                sys.executable, "-m", "recpipe", "--log-level", log_level, "serve", "--stage", name,
+                "--models", str(models), "--data", str(data), "--host", host, "--port", str(p.port),
+                "--metrics-port", str(-1 if p.metrics is None else p.metrics),
+                "--device", device, "--threads", str(threads if isinstance(threads, int) else threads[name]),
+                "--workers", str(workers), "--grace", str(grace),
+                *extra,
+            ]
+            if len(replicas) > 1:
+                argv.append("--bind-after-load")
+            if p.shared:
+                argv += ["--reuse-port", "--own-port", str(p.own)]
+            for upstream in spec.upstream:
+                argv += [f"--{upstream}", targets[upstream]]
+            process = name if len(replicas) == 1 else f"{name}#{k + 1}"
+            processes.append(StageProcess(process, f"{connect}:{p.own}", tuple(argv), p.metrics, stage=name,
+                                          target=targets[name]))
     return processes

@@ -8,6 +8,11 @@ A *warm standby* (``cfg.standby``) does all the slow work first (imports, artifa
 ``load``) without taking the port, then waits for SIGUSR1: the supervisor sends it when the stage's
 serving process dies or freezes, and the standby binds the port and reports SERVING in milliseconds,
 instead of a new process spending seconds on imports and loading while the chain is down.
+
+A replica (``cfg.bind_after_load``: ``recpipe serve --replicas``) also loads before it takes its port,
+then serves at once: its callers balance over every replica's address (round_robin), and a connection
+that cannot be made yet keeps a loading replica out of their rotation, where a bound but loading one
+would be handed calls it can only refuse.
 """
 
 from __future__ import annotations
@@ -41,13 +46,15 @@ async def serve(cfg: StageConfig, stage: Stage) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    if cfg.standby and not await _standby(stage, stop):
+    loaded = cfg.standby or cfg.bind_after_load
+    if loaded and not await _load_first(stage, stop, wait=cfg.standby):
         await stage.close()
         return
-    server = await StageServer.start(stage, host=cfg.host, port=cfg.port, metrics_port=cfg.metrics_port)
+    server = await StageServer.start(stage, host=cfg.host, port=cfg.port, metrics_port=cfg.metrics_port,
+                                     reuse_port=cfg.reuse_port, own_port=cfg.own_port)
     watchdog = asyncio.create_task(_watch_supervisor(stop))
     try:
-        loading = asyncio.create_task(server.load(loaded=cfg.standby))
+        loading = asyncio.create_task(server.load(loaded=loaded))
         stopping = asyncio.create_task(stop.wait())
         await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
         if loading.done():
@@ -65,14 +72,17 @@ async def serve(cfg: StageConfig, stage: Stage) -> None:
             loop.remove_signal_handler(sig)
 
 
-async def _standby(stage: Stage, stop: asyncio.Event) -> bool:
-    """Load ``stage`` and wait for ``ACTIVATE``; False if told to stop (or orphaned) first."""
+async def _load_first(stage: Stage, stop: asyncio.Event, *, wait: bool) -> bool:
+    """Load ``stage`` before taking the port and, with ``wait`` (a warm standby), wait for ``ACTIVATE``;
+    False if told to stop (or orphaned) first."""
     activate = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(ACTIVATE, activate.set)
     watchdog = asyncio.create_task(_watch_supervisor(stop))
     try:
         await stage.load()
+        if not wait or stop.is_set():
+            return not stop.is_set()
         log.info("%s: warm standby loaded, waiting", stage.name)
         fd = os.environ.get(STANDBY_FD_ENV)
         if fd:

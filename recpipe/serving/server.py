@@ -53,6 +53,7 @@ HEALTH_SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 
 SERVER_OPTIONS: tuple[tuple[str, object], ...] = (
     # gRPC sets SO_REUSEPORT by default, which would let a second server silently share a busy port.
+    # Replicas of the entry stage share theirs on purpose (``reuse_port``), and only they.
     ("grpc.so_reuseport", 0),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -70,31 +71,42 @@ def build_server(
     health: HealthServicer,
     metrics: ServerMetrics,
     connection_age: ConnectionAge | None = None,
+    reuse_port: bool = False,
+    own_port: int | None = None,
 ) -> tuple[aio.Server, int]:
     """An unstarted server with ``stage``'s services, InfoService, health and reflection on host:port.
 
     Returns the server and the bound port (``port=0`` picks a free one). Raises ``UsageError`` when the
-    address cannot be bound. ``connection_age`` None: ``ConnectionAge.from_env()``.
+    address cannot be bound. ``connection_age`` None: ``ConnectionAge.from_env()``. ``reuse_port``: share
+    the port with other processes that ask the same (SO_REUSEPORT), for a stage's replicas behind one
+    address; ``own_port``: listen there too (0: a free port), where this process alone answers.
     """
     age = ConnectionAge.from_env() if connection_age is None else connection_age
-    server = aio.server(
-        interceptors=[ServingInterceptor(metrics)],
-        options=[*SERVER_OPTIONS, *age.options()],
-    )
+    options = [*SERVER_OPTIONS, *age.options()]
+    if reuse_port:
+        options = [("grpc.so_reuseport", 1) if key == "grpc.so_reuseport" else (key, value) for key, value in options]
+    server = aio.server(interceptors=[ServingInterceptor(metrics)], options=options)
     stage.add_to_server(server)
     info_pb2_grpc.add_InfoServiceServicer_to_server(info.InfoServicer(stage.info), server)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection(
         (*stage.service_names, info.SERVICE_NAME, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME), server
     )
+    bound = _listen(server, stage.name, host, port)
+    if own_port is not None:
+        _listen(server, stage.name, host, own_port)
+    return server, bound
+
+
+def _listen(server: aio.Server, name: str, host: str, port: int) -> int:
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         bound = server.add_insecure_port(address)
     except RuntimeError as e:
-        raise UsageError(f"{stage.name}: cannot listen on {address} (in use?): {e}") from e
+        raise UsageError(f"{name}: cannot listen on {address} (in use?): {e}") from e
     if bound == 0:
-        raise UsageError(f"{stage.name}: cannot listen on {address} (in use?)")
-    return server, bound
+        raise UsageError(f"{name}: cannot listen on {address} (in use?)")
+    return int(bound)
 
 
 class StageServer:
@@ -127,17 +139,18 @@ class StageServer:
     @classmethod
     async def start(
         cls, stage: Stage, *, host: str = DEFAULT_HOST, port: int = 0, metrics_port: int | None = None,
-        connection_age: ConnectionAge | None = None,
+        connection_age: ConnectionAge | None = None, reuse_port: bool = False, own_port: int | None = None,
     ) -> StageServer:
         """Start answering (health NOT_SERVING until ``load``, liveness SERVING); ``metrics_port`` None =
-        no /metrics; ``connection_age`` None = ``ConnectionAge.from_env()``."""
+        no /metrics; ``connection_age`` None = ``ConnectionAge.from_env()``; ``reuse_port`` and
+        ``own_port``: see ``build_server``."""
         health = HealthServicer()
         for name in ("", *stage.service_names):
             await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         await health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
         metrics = ServerMetrics(stage.name)
         server, bound = build_server(stage, host=host, port=port, health=health, metrics=metrics,
-                                     connection_age=connection_age)
+                                     connection_age=connection_age, reuse_port=reuse_port, own_port=own_port)
         await server.start()
         mport = None
         if metrics_port is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +26,10 @@ from recpipe.serving.stage import Stage
 #: The niceness of a stage that computes: under saturation the CPU goes to the entry stage first (its
 #: weight is about 3x a nice-5 stage's), so admission and refusals stay prompt.
 COMPUTE_NICE = 5
+#: Cores one saturated stage process keeps busy: its event loop holds the GIL, and gRPC's own threads
+#: run beside it (on the H200 machine the gateway's 2.56 ms of CPU per query at 736 q/s is 1.9 cores).
+#: ``--replicas auto`` runs at most one process per this many cores.
+CORES_PER_PROCESS = 2
 
 
 @dataclass(frozen=True)
@@ -37,7 +41,8 @@ class StageSpec:
     before ``build`` imports them; ``loads(cfg)``: those of them a stage built from ``cfg`` imports
     (default: all), so that sizing a library never imports one the stage would not use; ``cost``: its
     CPU time per query relative to the other stages (measured, BENCHMARKS.md), by which ``--threads
-    auto`` shares the cores out; ``nice``: the CPU scheduling niceness its own process takes (``recpipe serve --stage NAME``) (a compute stage yields the CPU to the entry stage, whose
+    auto`` shares the cores among the stages that compute and ``--replicas auto`` the processes among
+    all stages; ``nice``: the CPU scheduling niceness its own process takes (``recpipe serve --stage NAME``) (a compute stage yields the CPU to the entry stage, whose
     refusals must stay immediate when the machine is saturated). ``upstream``: the stages it calls, each reached through a target
     (``--NAME`` flag, ``$RECPIPE_NAME_TARGET``). ``build(cfg)`` makes the ``Stage`` from a
     ``StageConfig`` whose ``options`` is an instance of ``options``; it imports the stage's heavy
@@ -104,12 +109,30 @@ class Registry:
     def default_ports(self, base: int) -> dict[str, int]:
         return {s.name: base + s.port_offset for s in self}
 
-    def auto_threads(self, cores: int) -> dict[str, int]:
+    def auto_threads(self, cores: int, replicas: Mapping[str, int] | None = None) -> dict[str, int]:
         """``--threads auto`` for the stages sharing a machine of ``cores`` cores: each stage that computes
-        gets a share of the cores in proportion to its ``cost``, at least one thread; the others none."""
+        gets a share of the cores in proportion to its ``cost``, split among its ``replicas`` (processes;
+        default one), at least one thread per process; the others none."""
         computing = [s for s in self if s.threads and s.cost > 0]
         total = sum(s.cost for s in computing)
-        return {s.name: max(1, round(cores * s.cost / total)) if s in computing else 0 for s in self}
+        n = replicas or {}
+        return {s.name: max(1, round(cores * s.cost / total / n.get(s.name, 1))) if s in computing else 0
+                for s in self}
+
+    def auto_replicas(self, cores: int, most: int) -> dict[str, int]:
+        """``--replicas auto`` on ``cores`` cores: one process per stage, then, while the processes number
+        fewer than ``cores // CORES_PER_PROCESS``, one more for the stage with the most CPU per query per
+        process (``cost`` / its processes), at most ``most`` each. With fewer cores than that takes, every
+        stage keeps one: the processes already share all the cores, and one more adds memory and context
+        switches, no CPU."""
+        counts = {s.name: 1 for s in self}
+        while sum(counts.values()) < cores // CORES_PER_PROCESS:
+            growing = [s for s in self if s.cost > 0 and counts[s.name] < most]
+            if not growing:
+                break
+            busiest = max(growing, key=lambda s: s.cost / counts[s.name])
+            counts[busiest.name] += 1
+        return counts
 
     def add_option_arguments(self, parser: argparse.ArgumentParser) -> None:
         """Every stage's own flags (each shared flag once)."""

@@ -13,6 +13,11 @@ grace period.
 With ``standby``, once the stages are SERVING each also gets a warm standby process (loaded, not
 bound: ``recpipe.serving.runner``): a restart then activates it, which takes milliseconds where a new
 process spends seconds on imports and artifacts, and a new standby is started behind it.
+
+A stage run as several processes (replicas, ``recpipe.serving.launch``) is several ``StageProcess``es
+with the same ``stage``: each replica is probed on its own address, restarted and given a standby like
+a stage of its own, and ``start()`` waits for every replica. ``addresses()`` gives per stage the target
+that reaches all its replicas.
 """
 
 from __future__ import annotations
@@ -50,12 +55,23 @@ STDERR_FD = 2
 
 @dataclass(frozen=True)
 class StageProcess:
-    """How to run one stage: its name, its gRPC address, its metrics port and the command line."""
+    """How to run one stage process: its name, the gRPC address where it alone answers (health checks,
+    GetInfo), its command line and metrics port; ``stage``, the stage it runs (default: ``name``; a
+    replica is named ``STAGE#K``), and ``target``, the gRPC target that reaches every process of that
+    stage (default: ``address``)."""
 
     name: str
     address: str
     argv: tuple[str, ...]
     metrics_port: int | None = None
+    stage: str = ""
+    target: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.stage:
+            object.__setattr__(self, "stage", self.name)
+        if not self.target:
+            object.__setattr__(self, "target", self.address)
 
     @property
     def standby_argv(self) -> tuple[str, ...]:
@@ -132,9 +148,10 @@ class Supervisor:
 
     def wait_serving(self, names: Sequence[str] | None = None, *, timeout_s: float = 60.0,
                      during_startup: bool = False, stop: threading.Event | None = None) -> None:
-        """Block until the named stages (default all) report SERVING. During start-up a stage that
-        exits is an error; afterwards it is restarted by ``check``, which this keeps calling."""
-        wanted = list(names or self.children)
+        """Block until the named processes or stages (a stage: every replica; default all) report
+        SERVING. During start-up a stage that exits is an error; afterwards it is restarted by
+        ``check``, which this keeps calling."""
+        wanted = self._processes(names)
         deadline = time.monotonic() + timeout_s
         while True:
             if during_startup:
@@ -228,11 +245,27 @@ class Supervisor:
     # --- helpers -----------------------------------------------------------------------------------
 
     def pid(self, name: str) -> int | None:
+        """The pid of process ``name`` (a stage's name, or ``STAGE#K`` for a replica)."""
         proc = self.children[name].proc
         return proc.pid if proc is not None else None
 
     def addresses(self) -> dict[str, str]:
-        return {name: c.spec.address for name, c in self.children.items()}
+        """Per stage, the target that reaches it: its address, or every replica's (``StageProcess.target``)."""
+        return {c.spec.stage: c.spec.target for c in self.children.values()}
+
+    def replicas(self) -> dict[str, list[str]]:
+        """Per stage, the names of its processes (one, or ``STAGE#1`` ... for replicas)."""
+        out: dict[str, list[str]] = {}
+        for name, c in self.children.items():
+            out.setdefault(c.spec.stage, []).append(name)
+        return out
+
+    def _processes(self, names: Sequence[str] | None) -> list[str]:
+        """Process names for ``names`` of processes or stages (a stage's: all its replicas); default all."""
+        if not names:
+            return list(self.children)
+        by_stage = self.replicas()
+        return [p for n in names for p in ([n] if n in self.children else by_stage[n])]
 
     def _spawn(self, child: _Child) -> None:
         env = {**os.environ, SUPERVISOR_ENV: str(os.getpid())}

@@ -129,14 +129,18 @@ def test_cpu_seconds_of_a_process_grow_with_its_work() -> None:
 
     from recpipe.characterize import cputime
 
-    before = cputime.snapshot({"me": os.getpid(), "gone": 2**22 + 7})
+    # a name's processes count together (a stage's replicas); one unreadable makes the sum unknown
+    pids = {"me": [os.getpid()], "gone": [2**22 + 7], "me twice": [os.getpid(), os.getpid()],
+            "me and gone": [os.getpid(), 2**22 + 7]}
+    before = cputime.snapshot(pids)
     deadline = before["me"] + 0.05  # burn at least 50 ms of CPU (the counter ticks at 100 Hz)
     while (cputime.cpu_seconds(os.getpid()) or 0.0) < deadline:
         sum(range(10_000))
-    after = cputime.snapshot({"me": os.getpid(), "gone": 2**22 + 7})
+    after = cputime.snapshot(pids)
     per = cputime.per_query(before, after, 5)
-    assert before["gone"] is None and per["gone"] is None
+    assert before["gone"] is None and per["gone"] is None and per["me and gone"] is None
     assert per["me"] is not None and per["me"] >= 0.05 / 5
+    assert before["me twice"] >= 2 * before["me"]  # read after "me", each at least as far on
     assert cputime.per_query({"x": 2.0}, {"x": 1.0}, 5) == {"x": None}  # restarted: counter went back
 
 
@@ -169,6 +173,34 @@ def test_settings_differences_name_each_field() -> None:
     assert diff[0] == "quick True vs False" and "sizes.point_s 1.0 vs 5.0" in diff
     assert not any(d.startswith("threads") for d in diff)
     assert "threads '1' vs '2'" in differences(a, b, RESUMABLE)
+
+
+def test_replicas_are_a_setting_that_documents_from_before_it_resume_with() -> None:
+    from recpipe.characterize.settings import QUICK, RESUMABLE, Settings, differences
+
+    now = Settings(quick=True, sizes=QUICK, data="d", models="m", data_scale=0.1, data_seed=11,
+                   dataset_sha256=None).to_json()
+    assert now["replicas"] == "1"
+    before = {k: v for k, v in now.items() if k != "replicas"}  # written before --replicas existed
+    assert differences(before, now, RESUMABLE) == []
+    assert differences(before, {**now, "replicas": "ranking=2"}, RESUMABLE) == ["replicas '1' vs 'ranking=2'"]
+
+
+@pytest.mark.slow
+def test_the_chain_of_a_characterization_counts_a_stage_replicas_together(small_models: Path,
+                                                                          small_dataset: Path) -> None:
+    from recpipe.characterize.sections import chain
+    from recpipe.characterize.settings import QUICK, Settings
+
+    settings = Settings(quick=True, sizes=QUICK, data=str(small_dataset), models=str(small_models), data_scale=None,
+                        data_seed=None, dataset_sha256=None, threads="1", replicas="ranking=2",
+                        serve_args=("--ranking-precision", "fp32"))
+    with chain(settings, "WARNING") as ch:
+        assert len(ch.pids["ranking"]) == 2 and len(set(ch.pids["ranking"])) == 2
+        assert len(ch.pids["features"]) == 1 and ch.addresses["ranking"][0] != ch.addresses["ranking"][1]
+        cpu = ch.cpu()
+        assert set(cpu) == {"features", "retrieval", "ranking", "gateway", "querygen"}
+        assert all(v is not None and v > 0 for v in cpu.values()), cpu
 
 
 def test_gpu_busy_sampling_skips_cleanly_without_a_gpu() -> None:

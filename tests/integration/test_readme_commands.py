@@ -96,6 +96,9 @@ CASES: dict[str, tuple[str, str]] = {
     "recpipe train --data data/ --out models/ --preprocess nvtabular":
         (SKIP, "needs the NVTabular venv; tests/nvtabular run it where it exists"),
     "recpipe serve --models models --data data": (RUN, "--port 0"),
+    "recpipe serve --models models --data data --replicas ranking=2,gateway=2":
+        (RUN, "--port 0 --no-warm-standby: both ranking and both gateway replicas serve; the kill and restart "
+              "of a replica is tests/integration/test_replicas.py"),
     "recpipe recommend --user-id 42 [--num-candidates 500] [--num-results 10] [--target 127.0.0.1:50051]":
         (RUN, "gateway port"),
     "recpipe demo [--scale 0.02] [--queries 300] [--workdir demo] [--force]":
@@ -147,6 +150,8 @@ CASES: dict[str, tuple[str, str]] = {
     "docker compose --profile loadtest up -d locust": (SKIP, "Docker engine"),
     "docker compose down -v": (SKIP, "Docker engine"),
     "docker compose up -d --scale ranking=3 --scale features=2": (SKIP, "Docker engine"),
+    "RECPIPE_RANKING_REPLICAS=3 RECPIPE_FEATURES_REPLICAS=2 docker compose up -d":
+        (SKIP, "Docker engine; tests/unit/test_compose.py resolves the replicas these settings give"),
     "bash .ci/base-image.sh": (SKIP, "Docker engine; .ci/compose-smoke.sh runs it"),
     "docker build -t recpipe:cpu --network host --build-arg VARIANT=cpu --build-arg "
     "PYTHON_IMAGE=recpipe-python:3.11-bookworm --build-arg TORCH_INDEX_URL=http://127.0.0.1:8000/simple .":
@@ -373,6 +378,9 @@ def test_every_readme_command_works_at_small_scale(
     finally:
         ui.terminate()
         ui.wait(30)
+    # --- serve with replicas: two ranking and two gateway processes (test_replicas.py kills one) ---
+    cmd = case("recpipe serve --models models --data data --replicas ranking=2,gateway=2")
+    _serve_replicas([*_argv(cmd, ports, port="0", metrics_port="0"), "--no-warm-standby"], clone)
     # --- demo: reuses a workdir holding data/ and models/ ---
     demo = clone / "demo"
     demo.mkdir()
@@ -394,6 +402,37 @@ def test_every_readme_command_works_at_small_scale(
     assert "next, try:" in out and f"recpipe report {Path('demo') / runs[0].name} seq.json" in out
 
     assert done == {c for c, (how, _) in CASES.items() if how == RUN}
+
+
+def _serve_replicas(argv: list[str], cwd: Path) -> None:
+    """``recpipe serve --replicas ranking=2,gateway=2`` in the clone: its summary lists both replicas of
+    each, and Recommend calls over several connections to the one gateway address reach both gateway
+    replicas, whose Rank calls reach both ranking replicas."""
+    from test_replicas import new_connections, requests_total, serving, until_each_takes_calls
+
+    from recpipe.v1 import recommend_pb2, recommend_pb2_grpc
+
+    here = os.getcwd()
+    os.chdir(cwd)  # models/ and data/ as the command names them
+    try:
+        with serving(argv, 6) as s:
+            assert [n for n in s.rows if "#" in n] == ["ranking#1", "ranking#2", "gateway#1", "gateway#2"]
+            channels = new_connections(s.targets["gateway"], 16)
+            try:
+                for i, channel in enumerate(channels):
+                    reply = recommend_pb2_grpc.RecommendServiceStub(channel).Recommend(
+                        recommend_pb2.RecommendRequest(user_id=i, num_candidates=50, num_results=5), timeout=30)
+                    assert len(reply.item_ids) == 5
+            finally:
+                for channel in channels:
+                    channel.close()
+            served = [requests_total(s.rows[f"gateway#{k}"]["metrics"], "RecommendService/Recommend") for k in (1, 2)]
+            assert sum(served) == 16 and min(served) > 0, served
+            ranked = until_each_takes_calls(s.targets["gateway"], [s.rows[f"ranking#{k}"]["metrics"] for k in (1, 2)],
+                                            "RankingService/Rank")
+            assert min(ranked) > 0, ranked
+    finally:
+        os.chdir(here)
 
 
 def test_train_into_the_default_models_dir_of_a_clone(tmp_path: Path, small_dataset: Path,

@@ -127,3 +127,32 @@ def test_gateway_round_robins_over_every_address_of_a_dns_name(
     assert sum(counts) == requests, counts  # one Rank per Recommend, all answered by the two replicas
     # round_robin alternates once both connections are up: each replica takes a fair share
     assert min(counts) >= requests // 4, counts
+
+
+def test_a_channel_round_robins_over_an_address_list(serving_threads) -> None:
+    """``recpipe serve --replicas STAGE=N`` names every replica in one target, ``ipv4:HOST:P1,HOST:P2``:
+    the channel helper takes it as it is (``normalize_target``) and its round_robin policy spreads the
+    calls over both servers, one by one, on one channel."""
+    from toy_stages import ToyFeatureCore, ToyWorld
+
+    from recpipe.config import normalize_target
+    from recpipe.features.servicer import FeatureStage
+    from recpipe.serving.channels import make_blocking_channel
+    from recpipe.v1 import features_pb2, features_pb2_grpc
+
+    servers = [serving_threads.start(FeatureStage(lambda: ToyFeatureCore(ToyWorld()))) for _ in range(2)]
+    try:
+        target = "ipv4:" + ",".join(f"127.0.0.1:{s.port}" for s in servers)
+        assert normalize_target(target) == target
+        calls = 20
+        with make_blocking_channel(target) as channel:
+            stub = features_pb2_grpc.FeatureServiceStub(channel)
+            for i in range(calls):
+                assert stub.AugmentUser(features_pb2.AugmentUserRequest(user_id=i % 10), timeout=10).user_id == i % 10
+        counts = [s.metrics.registry.get_sample_value(
+            "recpipe_requests_total", {"stage": "features", "method": "FeatureService/AugmentUser"}) or 0.0
+            for s in servers]
+    finally:
+        for s in servers:
+            serving_threads.stop(s)
+    assert sum(counts) == calls and min(counts) >= calls // 4, counts

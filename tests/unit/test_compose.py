@@ -121,7 +121,26 @@ def test_gpu_reserved_for_retrieval_ranking_and_training_only(resolved: dict[str
     for name in GPU_SERVICES:
         assert any("gpu" in d["capabilities"] for d in _gpu_devices(services[name])), name
     for name in ("features", "gateway", "locust"):
+        assert _gpu_devices(services[name]) == [], name
+    for name in ("gateway", "locust"):
         assert "deploy" not in services[name], name
+
+
+def test_replicas_per_stage_are_settings(resolved: dict[str, Any]) -> None:
+    # RECPIPE_<STAGE>_REPLICAS: what `recpipe serve --replicas STAGE=N` sets on one machine
+    assert {name: resolved["services"][name]["deploy"]["replicas"] for name in SCALABLE} == dict.fromkeys(SCALABLE, 1)
+    env = {f"RECPIPE_{name.upper()}_REPLICAS": str(n) for n, name in enumerate(SCALABLE, start=2)}
+    scaled = resolve("docker-compose.yml", env=env)["services"]
+    for n, name in enumerate(SCALABLE, start=2):
+        assert scaled[name]["deploy"]["replicas"] == n, name
+    assert _gpu_devices(scaled["ranking"]) == _gpu_devices(resolved["services"]["ranking"])  # kept beside it
+    assert "replicas" not in scaled["gateway"].get("deploy", {})  # its host port is published once
+    cpu = resolve(*CPU, env=env)["services"]
+    assert cpu["ranking"]["deploy"]["replicas"] == 4 and _gpu_devices(cpu["ranking"]) == []
+    # one container per service where every one binds a host port
+    hostnet = resolve(*HOSTNET, env={"RECPIPE_VARIANT": "cpu", **env})["services"]
+    for name in (*SCALABLE, "ranking-2"):
+        assert hostnet[name]["deploy"]["replicas"] == 1, name
 
 
 def test_one_image_built_from_the_dockerfile_with_a_variant(resolved: dict[str, Any]) -> None:

@@ -285,3 +285,14 @@ def test_autoscaling_component() -> None:
         used = re.findall(r"rate\((recpipe_\w+)\{stage=\"(\w+)\"", meta["query"])
         assert [m for m, _ in used] == ["recpipe_request_latency_seconds_sum", "recpipe_request_latency_seconds_count"]
         assert {s for _, s in used} == {name}
+
+
+@pytest.mark.parametrize("overlay", [o for o in OVERLAYS if not o.endswith("autoscaled")])
+def test_every_overlay_sets_each_stage_replica_count(overlay: str) -> None:
+    """The replica count per stage is a setting of each overlay (kustomize's ``replicas:`` list, one
+    count per Deployment), and the rendered Deployments carry it."""
+    kustomization = yaml.safe_load((K8S / "overlays" / overlay / "kustomization.yaml").read_text())
+    counts = {r["name"]: r["count"] for r in kustomization["replicas"]}
+    deployments = kind(render(overlay), "Deployment")
+    assert set(counts) == set(deployments) == set(REGISTRY.names)
+    assert {name: dep["spec"]["replicas"] for name, dep in deployments.items()} == counts
