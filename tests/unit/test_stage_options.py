@@ -37,11 +37,12 @@ def test_options_validate_once_in_their_stage() -> None:
 def test_options_round_trip_through_the_command_line() -> None:
     chosen = {"retrieval": RetrievalOptions(cuda_graphs=False, precision="bf16", rescore=4),
               "ranking": RankingOptions(cuda_graphs=False, precision="int8", embeddings="host"),
-              "gateway": GatewayOptions(max_in_flight=7)}
+              "gateway": GatewayOptions(max_in_flight=7, hop_max_batch=8)}
     argv = merged_argv(chosen.values())
     assert argv.count("--no-cuda-graphs") == 1  # one flag for both torch stages
     assert argv == ["--no-cuda-graphs", "--retrieval-precision", "bf16", "--rescore", "4",
-                    "--ranking-precision", "int8", "--embeddings", "host", "--max-in-flight", "7"]
+                    "--ranking-precision", "int8", "--embeddings", "host", "--max-in-flight", "7",
+                    "--hop-max-batch", "8", "--hop-queue-delay-us", "0", "--hop-max-in-flight", "0"]
     back = REGISTRY.options(parse(argv))
     for name, opts in chosen.items():
         assert back[name] == opts
