@@ -197,6 +197,16 @@ def run(args: argparse.Namespace) -> int:
             gain = by_n[2]["achieved_rate"] / one
             print(f"target (one process falls short of {rate:.0f} q/s: two offer >= {TARGET_TWO_PROCESS_GAIN:g}x "
                   f"its rate): {gain:.2f}x, {'met' if gain >= TARGET_TWO_PROCESS_GAIN else 'NOT met'}")
+            # Where the machine, not the generator, is the limit: the target's CPU counts against the
+            # same cores, so n senders can offer at most cores / (generator + target CPU per query).
+            two = [r for r in results if r["rate"] == rate and r["loop"] == SELECT and r["processes"] == 2]
+            gen = statistics.median(float(r["generator_cpu_us_per_query"] or 0) for r in two)
+            srv = statistics.median(float(r["server_cpu_us_per_query"] or 0) for r in two)
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+            if gen + srv > 0:
+                print(f"  the machine's bound: {cores} cores / ({gen:.0f} generator + {srv:.0f} target us of CPU "
+                      f"per query) = {cores / (gen + srv) * 1e6:.0f} q/s, {cores / (gen + srv) * 1e6 / one:.2f}x "
+                      "one process's rate, before anything else on the machine takes its share")
     if args.json:
         print(json.dumps(results, indent=2))
     return 0

@@ -119,15 +119,16 @@ class QuerygenConfig:
             raise UsageError(f"--max-windows must be >= {STABLE_WINDOWS}, got {self.max_windows}")
         if not self.timeout > 0:
             raise UsageError(f"--timeout must be > 0 seconds, got {self.timeout}")
-        if self.processes != AUTO:
-            # the same checks whether the value came from the command line or was built in code
-            parse_processes(str(self.processes))
-            if self.mode == "sequential" and self.processes != 1:
-                raise UsageError(f"--processes {self.processes} applies to --mode open and closed: sequential "
+        # the same checks whether the value came from the command line or was built in code
+        processes = parse_processes(str(self.processes))
+        object.__setattr__(self, "processes", processes)  # "Auto" -> AUTO, "2" -> 2
+        if processes != AUTO:
+            if self.mode == "sequential" and processes != 1:
+                raise UsageError(f"--processes {processes} applies to --mode open and closed: sequential "
                                  "sends one query at a time, so it runs in one process (for N at a time: "
                                  "--mode closed --concurrency N)")
-            if self.mode == "closed" and int(self.processes) > self.concurrency:
-                raise UsageError(f"--processes {self.processes} is more than --concurrency {self.concurrency}: "
+            if self.mode == "closed" and int(processes) > self.concurrency:
+                raise UsageError(f"--processes {processes} is more than --concurrency {self.concurrency}: "
                                  "each sender process runs at least one of the clients")
         if self.per_component:
             if not all(t or self.target for t in (self.features, self.retrieval, self.ranking)):

@@ -46,7 +46,7 @@ from recpipe.querygen.recorder import Measurement
 from recpipe.querygen.workload import ArrivalIntervals, CandidateSpec
 
 #: queries/s one sender process is asked to offer under ``--processes auto``. A sender costs 0.1-0.65
-#: ms of CPU per query (0.13-0.25 ms on a 2-core EPYC dev host, ``recpipe bench querygen``; 0.4-0.65 ms
+#: ms of CPU per query (0.1-0.25 ms on a 2-core EPYC dev host, ``recpipe bench querygen``; 0.4-0.65 ms
 #: on the H200 box under load), so at 1,000 q/s it is at most ~65% busy: room for its timers to fire on
 #: time, which is what the open loop needs from it.
 PROCESS_RATE = 1000.0
@@ -182,10 +182,6 @@ class SenderPool:
         self._busy = False
 
     @property
-    def size(self) -> int:
-        return len(self._workers)
-
-    @property
     def pids(self) -> list[int | None]:
         return [w.process.pid for w in self._workers]
 
@@ -198,7 +194,7 @@ class SenderPool:
         with _children_ignore_sigint():
             for k in range(len(self._workers), n):
                 parent, child = ctx.Pipe()
-                process = ctx.Process(target=_main, args=(child, k, self._wire, self._num_users),
+                process = ctx.Process(target=_main, args=(child, self._wire, self._num_users),
                                       name=f"recpipe-querygen-sender-{k}", daemon=True)
                 process.start()
                 child.close()  # ours: the parent end then sees EOF once the sender is gone
@@ -232,8 +228,8 @@ class SenderPool:
         process = self._workers[k].process
         process.join(1.0)
         code = process.exitcode
-        how = "is still running" if code is None else (f"was killed by signal {-code}" if code < 0
-                                                        else f"exited with code {code}")
+        how = "stopped answering" if code is None else (f"was killed by signal {-code}" if code < 0
+                                                         else f"exited with code {code}")
         return f"sender process {k} of {len(self._workers)} {how} before it reported"
 
     async def _collect(self, ks: list[int], deadline: float | None, what: str) -> dict[int, dict[str, Any]]:
@@ -297,7 +293,7 @@ class SenderPool:
 # The sender side (runs in the spawned process)
 
 
-def _main(conn: Connection, k: int, wire: dict[str, Any], num_users: int) -> None:
+def _main(conn: Connection, wire: dict[str, Any], num_users: int) -> None:
     """A sender process: connect, say ready, then run each job it is sent until told to stop (or until
     the parent is gone). Errors go back as one line; nothing is printed here."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us (see _children_ignore_sigint)

@@ -77,6 +77,8 @@ def test_closed_loop_divides_the_clients_and_the_queries(server: TestServerProce
     assert doc["queries"] == 101 and doc["errors"] == 0 and doc["concurrency"] == 3
     assert sorted(r["queries"] for r in doc["generator"]["senders"]) == [50, 51]
     assert doc["stages"]["rank"]["count"] == 101  # timed from the client, in each sender
+    per = ", ".join(str(r["queries"]) for r in doc["generator"]["senders"])
+    assert f"senders: 2 processes (--processes 2); queries per process {per}" in summary_text(doc)
 
 
 def test_auto_adds_senders_as_the_rate_rises(server: TestServerProcess, monkeypatch: pytest.MonkeyPatch) -> None:

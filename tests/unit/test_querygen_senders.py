@@ -162,6 +162,8 @@ def test_config_refuses_what_cannot_be_split() -> None:
         _config(mode="open", rate=10.0, processes=0)
     # auto is fine everywhere: it sizes itself per run
     assert _config(mode="sequential", processes=AUTO).processes == AUTO
+    assert _config(mode="closed", concurrency=4, processes="Auto").processes == AUTO
+    assert _config(mode="closed", concurrency=4, processes="3").processes == 3
 
 
 def test_config_travels_to_a_sender_as_plain_data() -> None:
