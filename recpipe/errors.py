@@ -41,6 +41,10 @@ class Cancelled(RecpipeError):
     """A downstream call was cancelled (gRPC CANCELLED): kept as such across hops, never INTERNAL."""
 
 
+class SenderFailed(RecpipeError):
+    """A query generator's sender process failed or died; the message names it (CLI exit code 1)."""
+
+
 class DeadlineExceeded(RecpipeError):
     """The caller's deadline passed before the work was done (gRPC DEADLINE_EXCEEDED)."""
 

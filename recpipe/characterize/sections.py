@@ -160,8 +160,14 @@ def _config(settings: Settings, target: str, **kw: Any) -> Any:
     from recpipe.querygen.config import QuerygenConfig
     from recpipe.querygen.workload import fixed_candidates
 
+    # the generator's processes (querygen --processes) for the loads: sequential is one query at a time,
+    # and the sweep's closed loop has at least a client per process
+    processes = 1 if kw.get("mode") == "sequential" else settings.generator_processes
+    if kw.get("mode") == "closed" and isinstance(processes, int):
+        processes = min(processes, kw.get("concurrency", 1))
     return QuerygenConfig(target=target, candidates=fixed_candidates(settings.num_candidates),
-                          num_results=settings.num_results, seed=settings.seed, warmup=settings.sizes.warmup_s, **kw)
+                          num_results=settings.num_results, seed=settings.seed, warmup=settings.sizes.warmup_s,
+                          processes=processes, **kw)
 
 
 def _measure(ch: Chain, config: Any) -> tuple[dict[str, Any], dict[str, float | None]]:
@@ -172,7 +178,13 @@ def _measure(ch: Chain, config: Any) -> tuple[dict[str, Any], dict[str, float | 
     doc = loops.run(session.execute(config))
     after = ch.cpu()
     sent = doc["queries"] + doc["warmup_queries"]
-    return doc, cputime.per_query(before, after, sent)
+    return doc, cputime.per_query(before, _with_senders(after, doc["generator"]["sender_cpu_s"]), sent)
+
+
+def _with_senders(after: dict[str, float | None], sender_cpu_s: float) -> dict[str, float | None]:
+    """The generator's CPU time including its sender processes' (querygen --processes N > 1)."""
+    mine = after.get(GENERATOR)
+    return {**after, GENERATOR: None if mine is None else mine + sender_cpu_s}
 
 
 def _stage_block(stage: dict[str, Any]) -> dict[str, Any]:
@@ -256,8 +268,8 @@ def slo_section(settings: Settings, ch: Chain, start_rate: float | None,
             f"at most {s.slo_max_steps}")
         config = _config(settings, ch.gateway, mode="open", rate=start, duration=s.slo_step_s, slo_p99_ms=bound)
         before = ch.cpu()
-        result, sent = loops.run(_search(config, bound, start, s.slo_max_steps))
-        cpu = cputime.per_query(before, ch.cpu(), sent)
+        result, sent, sender_cpu_s = loops.run(_search(config, bound, start, s.slo_max_steps))
+        cpu = cputime.per_query(before, _with_senders(ch.cpu(), sender_cpu_s), sent)
         searches.append({"p99_bound_ms": bound, "max_rate": result.max_rate, "curve": result.curve,
                          "step_duration_s": s.slo_step_s, "cpu_s_per_query": cpu})
         rate = result.max_rate
@@ -265,27 +277,30 @@ def slo_section(settings: Settings, ch: Chain, start_rate: float | None,
     return {"start_rate": start, "searches": searches, "skipped_for_budget_ms": skipped}
 
 
-async def _search(config: Any, bound_ms: float, start: float, max_steps: int) -> tuple[Any, int]:
-    """One SLO search over a querygen session; returns the result and the queries sent (warm-ups too)."""
-    from recpipe.querygen.session import Session, achieved_rate
+async def _search(config: Any, bound_ms: float, start: float, max_steps: int) -> tuple[Any, int, float]:
+    """One SLO search over a querygen session; returns the result, the queries sent (warm-ups too) and
+    the CPU seconds of the generator's sender processes (0 with one)."""
+    from recpipe.querygen.session import Session
     from recpipe.querygen.slo import SloSearch, SloStep, find_max_rate
 
     session = Session(config)
     search = SloSearch(bound_ms * 1000, start, max_steps=max_steps, min_rate=MIN_STEP_QUERIES / config.duration)
     sent = 0
+    sender_cpu_s = 0.0
     await session.open()
     try:
         async def step(rate: float) -> SloStep:
-            nonlocal sent
-            m, rec, planned = await session.measure(rate, f"SLO p99 <= {bound_ms:g} ms, {rate:.1f} q/s")
+            nonlocal sent, sender_cpu_s
+            measured = await session.measure(rate, f"SLO p99 <= {bound_ms:g} ms, {rate:.1f} q/s")
+            m, achieved = measured.measurement, measured.achieved
             sent += m.queries + m.warmup_queries
-            achieved = achieved_rate(m, rec.measure_from, planned)
+            sender_cpu_s += measured.sender_cpu_s
             e2e = m.end_to_end
             say(f"slo: {rate:.1f} q/s offered, {achieved:.1f} achieved, p99 {e2e.percentile_us(99) / 1000:.2f} ms")
             return SloStep(rate, round(achieved, 3), e2e.percentile_us(50), e2e.percentile_us(99),
                            e2e.percentile_us(99.9), m.queries, m.error_count)
 
-        return await find_max_rate(search, step), sent
+        return await find_max_rate(search, step), sent, sender_cpu_s
     finally:
         await session.close()
 

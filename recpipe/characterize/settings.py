@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from recpipe.errors import UsageError
+from recpipe.querygen.config import parse_processes
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,8 @@ class Settings:
     num_results: int = 10
     seed: int = 0
     budget_s: float = 1800.0
+    #: querygen --processes for the sweep and the SLO searches (the sequential run uses one)
+    generator_processes: int | str = 1
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda"):
@@ -88,6 +91,7 @@ class Settings:
             raise UsageError(f"--workers must be >= 0, got {self.workers}")
         if not self.budget_s > 0:
             raise UsageError(f"--budget-s must be > 0, got {self.budget_s:g}")
+        parse_processes(str(self.generator_processes), "--generator-processes")
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)

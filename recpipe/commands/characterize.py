@@ -49,6 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-candidates", type=int, default=DEFAULT_NUM_CANDIDATES, help="candidates per query")
     parser.add_argument("--num-results", type=int, default=DEFAULT_NUM_RESULTS, help="results per query")
     parser.add_argument("--seed", type=int, default=0, help="seed of the query mix")
+    parser.add_argument("--generator-processes", default="1", metavar="N|auto",
+                        help="querygen --processes for the sweep and the SLO searches (default 1)")
     parser.add_argument("--force", action="store_true",
                         help="start over in a DIR that holds a characterization (by other settings, or finished)")
 
@@ -57,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     from recpipe.characterize import document, report, runner
     from recpipe.characterize.sections import say
     from recpipe.characterize.settings import FULL, QUICK, RESUMABLE, Settings, differences
+    from recpipe.querygen.config import parse_processes
 
     if not 0 < args.scale <= 1:
         raise UsageError(f"--scale must be in (0, 1], got {args.scale}")
@@ -66,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--budget-s must be > 0, got {args.budget_s:g}")
     if args.num_candidates < 1 or args.num_results < 1 or args.workers < 0:
         raise UsageError("--num-candidates and --num-results must be >= 1, --workers >= 0")
+    processes = parse_processes(args.generator_processes, "--generator-processes")
     sizes = _sizes(QUICK if args.quick else FULL, args)  # its checks before anything is written
     out: Path = args.out
     if out.exists() and not out.is_dir():
@@ -86,8 +90,9 @@ def run(args: argparse.Namespace) -> int:
     settings = Settings(quick=args.quick, sizes=sizes, data=str(data), models=str(models),
                         data_scale=manifest.get("scale"), data_seed=manifest.get("seed"),
                         dataset_sha256=manifest.get("dataset_sha256"), device=args.device, threads=threads,
-                        replicas=args.replicas, workers=args.workers, serve_args=tuple(args.serve_arg), num_candidates=args.num_candidates,
-                        num_results=args.num_results, seed=args.seed, budget_s=args.budget_s)
+                        replicas=args.replicas, workers=args.workers, serve_args=tuple(args.serve_arg),
+                        num_candidates=args.num_candidates, num_results=args.num_results, seed=args.seed,
+                        budget_s=args.budget_s, generator_processes=processes)
     current = settings.to_json()
     if previous is not None:
         diff = differences(previous["settings"], current, RESUMABLE)

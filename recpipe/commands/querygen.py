@@ -50,6 +50,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="end-to-end percentile the windows must agree on (default 99)")
     parser.add_argument("--max-windows", type=int, default=10, metavar="N",
                         help="--stability-percent: give up after N windows (default 10)")
+    parser.add_argument("--processes", default="1", metavar="N|auto",
+                        help="sender processes (default 1): open loop deals the one seeded schedule among them, "
+                             "closed loop divides the clients; one merged report with each process's send "
+                             "lag. auto: sized from the offered rate (closed loop: the clients), at most the "
+                             "usable cores. Sequential runs in one process")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=10.0, metavar="S", help="per-query deadline")
     parser.add_argument("--per-component", action="store_true",
@@ -64,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from recpipe.querygen.config import QuerygenConfig
+    from recpipe.querygen.config import QuerygenConfig, parse_processes
     from recpipe.querygen.workload import (
         fixed_candidates,
         load_arrivals_file,
@@ -91,7 +96,7 @@ def build_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         ranking=target(args.ranking),
         arrivals=load_arrivals_file(args.arrivals_file) if args.arrivals_file else None,
         stability_percent=args.stability_percent, stability_percentile=args.stability_percentile,
-        max_windows=args.max_windows)
+        max_windows=args.max_windows, processes=parse_processes(args.processes))
 
 
 def run(args: argparse.Namespace) -> int:

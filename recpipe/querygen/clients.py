@@ -10,20 +10,28 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import grpc.aio
 
 from recpipe.config import normalize_target
 from recpipe.errors import RecpipeError, UsageError
+from recpipe.gateway import UPSTREAM
 from recpipe.gateway.chain import Chain
 from recpipe.gateway.clients import GrpcFeatureClient, GrpcRankingClient, GrpcRetrievalClient
 from recpipe.querygen.loops import Outcome, Send
-from recpipe.querygen.workload import QueryStream
+from recpipe.querygen.workload import QueryStream, UserSpec
 from recpipe.serving.channels import make_channel
 from recpipe.serving.status import RemoteError, code_for
+from recpipe.stages import REGISTRY
 from recpipe.v1 import info_pb2, info_pb2_grpc, recommend_pb2, recommend_pb2_grpc
+
+if TYPE_CHECKING:
+    from recpipe.querygen.config import QuerygenConfig
+
+#: the role the gateway plays in ``roles``/``open_roles`` (the chain's entry)
+GATEWAY_ROLE = REGISTRY.entry.name
 
 
 async def connect(target: str, timeout: float = 4.0) -> grpc.aio.Channel:
@@ -75,6 +83,49 @@ async def get_info(channel: grpc.aio.Channel, timeout: float = 5.0) -> dict[str,
         "threads": info.threads,
         "details": dict(info.details),
     }
+
+
+def roles(config: QuerygenConfig) -> dict[str, str]:
+    """Role -> address the run talks to: the gateway (``--target``) and, with ``--per-component``,
+    features / retrieval / ranking."""
+    out: dict[str, str] = {}
+    if config.target:
+        out[GATEWAY_ROLE] = config.target
+    if config.per_component:
+        out.update(config.stage_targets)
+    return out
+
+
+async def open_roles(targets: dict[str, str], timeout: float) -> tuple[dict[str, grpc.aio.Channel],
+                                                                         list[grpc.aio.Channel]]:
+    """A READY channel per role, one per distinct address (a single test server may play every role);
+    returns (role -> channel, the distinct channels to close)."""
+    by_role: dict[str, grpc.aio.Channel] = {}
+    distinct: list[grpc.aio.Channel] = []
+    by_address: dict[str, grpc.aio.Channel] = {}
+    try:
+        for name, target in targets.items():
+            if target not in by_address:
+                by_address[target] = await connect(target, timeout)
+                distinct.append(by_address[target])
+            by_role[name] = by_address[target]
+    except BaseException:
+        for channel in distinct:
+            await channel.close(None)
+        raise
+    return by_role, distinct
+
+
+def send_for(config: QuerygenConfig, channels: dict[str, grpc.aio.Channel], num_users: int) -> Send:
+    """How this run answers query ``i``: the gateway's Recommend, or the chain walked from the client
+    with ``--per-component``; queries drawn from the run's seeded stream over ``num_users`` users."""
+    users = UserSpec(config.users, num_users, config.zipf_exponent)
+    queries = QueryStream(users, config.candidates, config.seed)
+    if config.per_component:
+        features, retrieval, ranking = (channels[name] for name in UPSTREAM)
+        return component_send(features, retrieval, ranking, queries, config.num_results, config.timeout,
+                              targets=roles(config))
+    return gateway_send(channels[GATEWAY_ROLE], queries, config.num_results, config.timeout)
 
 
 def gateway_send(channel: grpc.aio.Channel, queries: QueryStream, num_results: int, timeout: float) -> Send:

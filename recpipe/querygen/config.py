@@ -18,6 +18,24 @@ DEFAULT_SLO_STEP_S = 5.0
 DEFAULT_MAX_WINDOWS = 10
 #: --stability-percent: how many of the last windows must agree
 STABLE_WINDOWS = 3
+#: --processes auto: as many sender processes as the load needs (``recpipe.querygen.senders.plan``)
+AUTO = "auto"
+#: --processes: more than this is a typo, not a load generator
+MAX_PROCESSES = 64
+
+
+def parse_processes(text: str, flag: str = "--processes") -> int | str:
+    """``"auto"`` or a whole number in 1..MAX_PROCESSES (``UsageError`` naming ``flag`` otherwise)."""
+    value = text.strip().lower()
+    if value == AUTO:
+        return AUTO
+    try:
+        n = int(value)
+    except ValueError:
+        raise UsageError(f"{flag} must be a whole number or auto, got {text!r}") from None
+    if not 1 <= n <= MAX_PROCESSES:
+        raise UsageError(f"{flag} must be in 1..{MAX_PROCESSES} (or auto), got {n}")
+    return n
 
 
 @dataclass(frozen=True)
@@ -46,6 +64,8 @@ class QuerygenConfig:
     stability_percent: float | None = None
     stability_percentile: float = 99.0
     max_windows: int = DEFAULT_MAX_WINDOWS
+    #: sender processes: a number, or ``AUTO`` (sized per run by ``recpipe.querygen.senders.plan``)
+    processes: int | str = 1
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -99,6 +119,17 @@ class QuerygenConfig:
             raise UsageError(f"--max-windows must be >= {STABLE_WINDOWS}, got {self.max_windows}")
         if not self.timeout > 0:
             raise UsageError(f"--timeout must be > 0 seconds, got {self.timeout}")
+        # the same checks whether the value came from the command line or was built in code
+        processes = parse_processes(str(self.processes))
+        object.__setattr__(self, "processes", processes)  # "Auto" -> AUTO, "2" -> 2
+        if processes != AUTO:
+            if self.mode == "sequential" and processes != 1:
+                raise UsageError(f"--processes {processes} applies to --mode open and closed: sequential "
+                                 "sends one query at a time, so it runs in one process (for N at a time: "
+                                 "--mode closed --concurrency N)")
+            if self.mode == "closed" and int(processes) > self.concurrency:
+                raise UsageError(f"--processes {processes} is more than --concurrency {self.concurrency}: "
+                                 "each sender process runs at least one of the clients")
         if self.per_component:
             if not all(t or self.target for t in (self.features, self.retrieval, self.ranking)):
                 raise UsageError("--per-component needs --features, --retrieval and --ranking (or --target)")

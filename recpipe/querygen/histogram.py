@@ -6,7 +6,8 @@ two-digit buckets would round a 1,049 ms tail to 1,000 ms.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from hdrh.histogram import HdrHistogram
@@ -63,6 +64,26 @@ class LatencyHistogram:
     def add(self, other: LatencyHistogram) -> None:
         self._h.add(other._h)
         self._sum += other._sum
+
+    def __eq__(self, other: object) -> bool:
+        """Same count in every bucket and the same exact sum (what a lossless merge must preserve)."""
+        if not isinstance(other, LatencyHistogram):
+            return NotImplemented
+        return self._sum == other._sum and bool(self._h.equals(other._h))
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+    def to_wire(self) -> dict[str, Any]:
+        """Plain data for another process: HdrHistogram's own compressed encoding (every bucket's
+        count, lossless) and the exact sum. ``from_wire`` restores an equal histogram."""
+        return {"hdr": self._h.encode().decode("ascii"), "sum": self._sum}
+
+    @classmethod
+    def from_wire(cls, wire: Mapping[str, Any]) -> LatencyHistogram:
+        out = cls()
+        out._h.add(HdrHistogram.decode(wire["hdr"].encode("ascii")))
+        out._sum = int(wire["sum"])
+        return out
 
     def summary(self) -> dict[str, float | int]:
         """``{count, p50_us, p90_us, p95_us, p99_us, p999_us, max_us, min_us, mean_us}`` (zeros when empty)."""

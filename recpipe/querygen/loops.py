@@ -58,20 +58,25 @@ async def _one(send: Send, i: int, scheduled: float, rec: Recorder) -> None:
 
 
 async def run_open(
-    send: Send, arrivals: Sequence[float], warmup: float, progress: Progress | None = None
+    send: Send, arrivals: Sequence[float], warmup: float, progress: Progress | None = None, *,
+    indices: Sequence[int] | None = None, base: float | None = None,
 ) -> Recorder:
-    """Send query ``i`` at ``arrivals[i]`` seconds (plus ``warmup`` already inside the schedule).
+    """Send query ``indices[i]`` (default ``i``) at ``base + arrivals[i]`` seconds (plus ``warmup``
+    already inside the schedule). ``base`` is a ``perf_counter`` instant (default: just after now);
+    sender processes share one, so their shares of a schedule run on one clock (``perf_counter`` is the
+    system's monotonic clock, the same in every process).
 
     Sending never waits for answers: each query is its own task, started at its scheduled instant; when
     the generator falls behind it sends the overdue queries at once, and their latency still counts from
     the scheduled instant.
     """
-    base = time.perf_counter() + _LEAD_S
+    base = time.perf_counter() + _LEAD_S if base is None else base
     rec = Recorder(measure_from=base + warmup)
     ticker = progress.start(rec, base) if progress else None
     pending: set[asyncio.Task[None]] = set()
+    order = range(len(arrivals)) if indices is None else indices
     try:
-        for i, t in enumerate(arrivals):
+        for i, t in zip(order, arrivals, strict=True):
             due = base + t
             await sleep_until(due)
             task = asyncio.create_task(_one(send, i, due, rec))
@@ -94,14 +99,23 @@ async def run_closed(
     duration: float | None = None,
     queries: int | None = None,
     progress: Progress | None = None,
+    *,
+    base: float | None = None,
+    index_start: int = 0,
+    index_step: int = 1,
 ) -> Recorder:
     """``concurrency`` clients, each sending its next query the moment its last one is answered.
 
     Stops after ``duration`` measured seconds or ``queries`` measured queries (whichever is given).
     Latency counts from the actual send: this is the loop that hides a stalled server (while it stalls,
-    nobody sends, so only ``concurrency`` queries see the stall).
+    nobody sends, so only ``concurrency`` queries see the stall). ``base`` (a ``perf_counter`` instant,
+    default now) starts the clock; queries are ``index_start``, ``index_start + index_step``, ... (sender
+    process k of n takes k, k + n, ...: disjoint parts of one query stream).
     """
-    base = time.perf_counter()
+    if base is None:
+        base = time.perf_counter()
+    else:
+        await sleep_until(base)
     rec = Recorder(measure_from=base + warmup)
     end = base + warmup + duration if duration is not None else math.inf
     next_index = 0
@@ -118,7 +132,7 @@ async def run_closed(
                 if queries is not None and issued >= queries:
                     return
                 issued += 1
-            i = next_index
+            i = index_start + next_index * index_step
             next_index += 1
             await _one(send, i, now, rec)
 

@@ -10,8 +10,9 @@ query, as a real user arriving at the scheduled instant would have seen it (no c
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -100,6 +101,7 @@ class Recorder:
             first_scheduled=self.first_scheduled,
             last_done=self.last_done,
             late_sends=sum(1 for v in self.lag_us if v > LATE_US),
+            measure_from=self.measure_from,
         )
 
 
@@ -121,6 +123,18 @@ class StageHistograms:
         self.compute.add(other.compute)
         self.batch_sizes.extend(other.batch_sizes)
 
+    def to_wire(self) -> dict[str, Any]:
+        """Plain data (see ``LatencyHistogram.to_wire``); batch sizes as {size: how many}."""
+        return {"observed": self.observed.to_wire(), "server": self.server.to_wire(),
+                "queue": self.queue.to_wire(), "compute": self.compute.to_wire(),
+                "batch_sizes": dict(Counter(self.batch_sizes))}
+
+    @classmethod
+    def from_wire(cls, wire: Mapping[str, Any]) -> StageHistograms:
+        sizes = [int(size) for size, n in wire["batch_sizes"].items() for _ in range(int(n))]
+        return cls(LatencyHistogram.from_wire(wire["observed"]), LatencyHistogram.from_wire(wire["server"]),
+                   LatencyHistogram.from_wire(wire["queue"]), LatencyHistogram.from_wire(wire["compute"]), sizes)
+
     def batch_summary(self) -> dict[str, float | int]:
         """``{count, mean, max}`` of the batch sizes (count 0: the stage reported none)."""
         b = self.batch_sizes
@@ -138,6 +152,8 @@ class Measurement:
     first_scheduled: float | None
     last_done: float | None
     late_sends: int = 0
+    #: the instant (perf_counter s) measuring began: the end of the warm-up
+    measure_from: float = 0.0
 
     @property
     def queries(self) -> int:
@@ -147,14 +163,42 @@ class Measurement:
     def error_count(self) -> int:
         return sum(self.errors.values())
 
+    def to_wire(self) -> dict[str, Any]:
+        """Everything, as plain data (dicts, numbers, strings) for a pipe between our own processes; the
+        histograms in HdrHistogram's lossless encoding, so a merge of decoded parts is exact."""
+        return {"end_to_end": self.end_to_end.to_wire(), "send_lag": self.send_lag.to_wire(),
+                "stages": {name: h.to_wire() for name, h in self.stages.items()}, "ok": self.ok,
+                "errors": dict(self.errors), "warmup_queries": self.warmup_queries,
+                "first_scheduled": self.first_scheduled, "last_done": self.last_done,
+                "late_sends": self.late_sends, "measure_from": self.measure_from}
+
+    @classmethod
+    def from_wire(cls, wire: Mapping[str, Any]) -> Measurement:
+        return cls(end_to_end=LatencyHistogram.from_wire(wire["end_to_end"]),
+                   send_lag=LatencyHistogram.from_wire(wire["send_lag"]),
+                   stages={name: StageHistograms.from_wire(h) for name, h in wire["stages"].items()},
+                   ok=int(wire["ok"]), errors={str(k): int(v) for k, v in wire["errors"].items()},
+                   warmup_queries=int(wire["warmup_queries"]), first_scheduled=wire["first_scheduled"],
+                   last_done=wire["last_done"], late_sends=int(wire["late_sends"]),
+                   measure_from=float(wire["measure_from"]))
+
 
 def merge(parts: list[Measurement]) -> Measurement:
-    """One measurement holding every sample of ``parts`` (e.g. the agreeing windows of a stability run)."""
-    first = parts[0]
+    """One measurement holding every sample of ``parts`` (the agreeing windows of a stability run, or
+    the sender processes of one run): histograms added bucket by bucket (exact), counts summed, and the
+    time span from the earliest part's start to the latest part's last answer."""
+    def earliest(values: Iterable[float | None]) -> float | None:
+        return min((v for v in values if v is not None), default=None)
+
+    def latest(values: Iterable[float | None]) -> float | None:
+        return max((v for v in values if v is not None), default=None)
+
     out = Measurement(end_to_end=LatencyHistogram(), send_lag=LatencyHistogram(),
-                      stages={s: StageHistograms(LatencyHistogram(), LatencyHistogram()) for s in first.stages},
-                      ok=0, errors={}, warmup_queries=0, first_scheduled=first.first_scheduled,
-                      last_done=first.last_done)
+                      stages={s: StageHistograms(LatencyHistogram(), LatencyHistogram())
+                              for m in parts for s in m.stages},
+                      ok=0, errors={}, warmup_queries=0, first_scheduled=earliest(m.first_scheduled for m in parts),
+                      last_done=latest(m.last_done for m in parts),
+                      measure_from=min(m.measure_from for m in parts))
     for m in parts:
         out.end_to_end.add(m.end_to_end)
         out.send_lag.add(m.send_lag)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import sys
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 import grpc.aio
@@ -14,17 +15,16 @@ from recpipe import __version__
 from recpipe.config import STEPS, TOTAL_STEP
 from recpipe.errors import UsageError
 from recpipe.gateway import STEP_STAGES, UPSTREAM
-from recpipe.querygen import clients, loops, platform_info
+from recpipe.querygen import clients, loops, platform_info, senders
 from recpipe.querygen.config import DEFAULT_NUM_USERS, STABLE_WINDOWS, QuerygenConfig
 from recpipe.querygen.output import FORMAT
 from recpipe.querygen.progress import Progress
-from recpipe.querygen.recorder import Measurement, Recorder, merge
+from recpipe.querygen.recorder import Measurement, merge
 from recpipe.querygen.slo import SloSearch, SloStep, find_max_rate
-from recpipe.querygen.workload import QueryStream, UserSpec, open_schedule
-from recpipe.stages import REGISTRY
+from recpipe.querygen.workload import open_schedule
 
 #: The stage clients talk to (the chain's entry).
-GATEWAY = REGISTRY.entry.name
+GATEWAY = clients.GATEWAY_ROLE
 
 FORMAT_VERSION = 1
 #: GetInfo detail key giving the user-id range 0..n-1: read from the gateway, else from the features
@@ -69,6 +69,58 @@ def achieved_rate(m: Measurement, measure_from: float, planned_s: float | None) 
     return m.queries / window if window > 0 else 0.0
 
 
+@dataclass
+class Step:
+    """One measured run of the configured mode: the merged measurement, its planned length (open loop),
+    and what each sender process measured (one entry, this process, when there is one sender)."""
+
+    measurement: Measurement
+    planned: float | None
+    senders: list[senders.SenderResult]
+    #: why this many sender processes (``senders.plan``)
+    processes_reason: str
+
+    @property
+    def achieved(self) -> float:
+        return achieved_rate(self.measurement, self.measurement.measure_from, self.planned)
+
+    @property
+    def sender_cpu_s(self) -> float:
+        """CPU seconds spent by sender processes other than this one (0 with one sender)."""
+        if len(self.senders) < 2:
+            return 0.0
+        return sum(r.cpu_s or 0.0 for r in self.senders)
+
+
+def _lag_block(m: Measurement) -> dict[str, Any]:
+    lag = m.send_lag.summary()
+    lag["late_over_1ms"] = m.late_sends
+    lag["late_share"] = round(m.late_sends / lag["count"], 6) if lag["count"] else 0.0
+    return lag
+
+
+def generator_block(config: QuerygenConfig, steps: list[Step]) -> dict[str, Any]:
+    """How the load was offered: the sender processes and each one's send lag, queries and CPU, over
+    ``steps`` (the run, the merged stability windows, or the SLO search's headline step)."""
+    n = max(len(s.senders) for s in steps)
+    rows = []
+    for k in range(n):
+        parts = [s.senders[k] for s in steps if k < len(s.senders)]
+        m = merge([r.measurement for r in parts])
+        cpu = [r.cpu_s for r in parts]
+        spent = None if any(c is None for c in cpu) else round(sum(c or 0.0 for c in cpu), 6)
+        sent = m.queries + m.warmup_queries
+        lag = _lag_block(m)
+        rows.append({"process": k, "queries": m.queries, "warmup_queries": m.warmup_queries,
+                     "send_lag": {key: lag[key] for key in ("count", "p50_us", "p99_us", "max_us", "late_over_1ms",
+                                                            "late_share")},
+                     "cpu_s": spent,
+                     "cpu_us_per_query": round(spent / sent * 1e6, 1) if spent is not None and sent else None})
+    return {"processes": n, "processes_requested": config.processes, "processes_reason": steps[-1].processes_reason,
+            "usable_cores": senders.usable_cores(), "senders": rows,
+            "sender_cpu_s": round(sum(s.sender_cpu_s for s in steps), 6)}
+
+
 def summarise(m: Measurement) -> dict[str, Any]:
     """The latency part of a run: end_to_end (+ CDF), stages (observed + server), send lag, errors."""
     stages = {}
@@ -77,9 +129,7 @@ def summarise(m: Measurement) -> dict[str, Any]:
         stages[stage] = {**h.observed.summary(), "server": h.server.summary(), "queue": h.queue.summary(),
                          "compute": h.compute.summary(), "batch_size": h.batch_summary()}
     total = m.stages[TOTAL_STEP]
-    lag = m.send_lag.summary()
-    lag["late_over_1ms"] = m.late_sends
-    lag["late_share"] = round(m.late_sends / lag["count"], 6) if lag["count"] else 0.0
+    lag = _lag_block(m)
     return {
         "queries": m.queries,
         "ok": m.ok,
@@ -104,35 +154,18 @@ class Session:
         self.pipeline: dict[str, Any] = {}
         self.send: loops.Send | None = None
         self.num_users = (0, "")
+        self._pool: senders.SenderPool | None = None
 
     async def open(self) -> None:
         cfg = self.config
-        targets: dict[str, str] = {}
-        if cfg.target:
-            targets[GATEWAY] = cfg.target
-        if cfg.per_component:
-            targets.update(cfg.stage_targets)
-        chans: dict[str, grpc.aio.Channel] = {}
+        targets = clients.roles(cfg)
+        self._by_role, self.channels = await clients.open_roles(targets, cfg.connect_timeout)
         for name, target in targets.items():
-            # One channel per distinct address: a single test server may play every role.
-            existing = next((chans[n] for n, t in targets.items() if t == target and n in chans), None)
-            if existing is None:
-                existing = await clients.connect(target, cfg.connect_timeout)
-                self.channels.append(existing)
-            chans[name] = existing
-            self._by_role[name] = existing
-            self.pipeline[name] = {"target": target, **((await clients.get_info(existing)) or {})}
+            self.pipeline[name] = {"target": target, **((await clients.get_info(self._by_role[name])) or {})}
         if not cfg.per_component:
             await self._probe_stages()
         self.num_users = _num_users(cfg, self.pipeline)
-        users = UserSpec(cfg.users, self.num_users[0], cfg.zipf_exponent)
-        queries = QueryStream(users, cfg.candidates, cfg.seed)
-        if cfg.per_component:
-            features, retrieval, ranking = (chans[name] for name in UPSTREAM)
-            self.send = clients.component_send(features, retrieval, ranking,
-                                               queries, cfg.num_results, cfg.timeout, targets=targets)
-        else:
-            self.send = clients.gateway_send(chans[GATEWAY], queries, cfg.num_results, cfg.timeout)
+        self.send = clients.send_for(cfg, self._by_role, self.num_users[0])
 
     async def _probe_stages(self) -> None:
         """Record the stages behind the gateway (device, model version, num_users) when the gateway's
@@ -165,33 +198,58 @@ class Session:
                     self.pipeline[name].update(info)
 
     async def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
         for ch in self.channels:
             await ch.close(None)
 
+    def _schedule(self, rate: float | None, warm: float, planned: float | None, window: int) -> Any:
+        cfg = self.config
+        if cfg.arrivals is not None:
+            return cfg.arrivals.schedule(warm, None if cfg.queries else planned, cfg.queries)
+        assert rate is not None and planned is not None
+        return open_schedule(rate, warm, planned, cfg.seed + window)
+
     async def measure(self, rate: float | None, label: str = "", warmup: float | None = None,
-                      window: int = 0) -> tuple[Measurement, Recorder, float | None]:
+                      window: int = 0) -> Step:
         """One run of the configured mode (at ``rate`` for open loop). ``warmup`` overrides the
-        configured warm-up (later stability windows need none); ``window`` varies the open loop's seed."""
+        configured warm-up (later stability windows need none); ``window`` varies the open loop's seed.
+        With more than one sender process (``--processes``) the load is split among them
+        (``recpipe.querygen.senders``) and their measurements merged."""
         cfg = self.config
         assert self.send is not None, "open() first"
         warm = cfg.warmup if warmup is None else warmup
         planned = cfg.measured_duration
         total_queries = cfg.queries if cfg.mode != "open" else None
+        offered = cfg.arrivals.mean_rate if cfg.arrivals is not None else rate
+        n, why = senders.plan(cfg.processes, cfg.mode, offered, cfg.concurrency, senders.usable_cores())
+        concurrency = cfg.concurrency if cfg.mode == "closed" else 1
+        if n > 1:
+            if self._pool is None:
+                self._pool = senders.SenderPool(cfg, self.num_users[0])
+            await self._pool.grow(n)
+            if cfg.mode == "open":
+                arrivals = self._schedule(rate, warm, planned, window)
+                jobs = [senders.open_job(arrivals, warm, k, n) for k in range(n)]
+            else:
+                duration = None if cfg.queries is not None else planned
+                jobs = [senders.closed_job(concurrency, warm, duration, cfg.queries, k, n) for k in range(n)]
+                planned = None
+            results = await self._pool.measure(jobs)
+            return Step(merge([r.measurement for r in results]), planned, results, why)
         progress = Progress(self.stream, label, total_s=(planned or 0) + warm if not total_queries else None,
                             total_queries=total_queries)
+        before = senders.cpu_s()
         if cfg.mode == "open":
-            if cfg.arrivals is not None:
-                arrivals = cfg.arrivals.schedule(warm, None if cfg.queries else planned, cfg.queries)
-            else:
-                assert rate is not None and planned is not None
-                arrivals = open_schedule(rate, warm, planned, cfg.seed + window)
+            arrivals = self._schedule(rate, warm, planned, window)
             rec = await loops.run_open(self.send, arrivals.tolist(), warm, progress)
         else:
-            concurrency = cfg.concurrency if cfg.mode == "closed" else 1
             duration = None if cfg.queries is not None else planned
             rec = await loops.run_closed(self.send, concurrency, warm, duration, cfg.queries, progress)
             planned = None
-        return rec.finish(), rec, planned
+        m = rec.finish()
+        return Step(m, planned, [senders.SenderResult(0, m, round(senders.cpu_s() - before, 6))], why)
 
 
 def agree(values: list[float], percent: float) -> bool:
@@ -202,36 +260,38 @@ def agree(values: list[float], percent: float) -> bool:
     return all(abs(v - mean) / mean * 100 <= percent for v in values)
 
 
-async def measure_until_stable(session: Session, rate: float | None) -> tuple[Measurement, float, dict[str, Any]]:
+async def measure_until_stable(session: Session, rate: float | None
+                               ) -> tuple[Measurement, float, dict[str, Any], list[Step]]:
     """Repeat measurement windows until the last ``STABLE_WINDOWS`` agree within
     ``--stability-percent`` on the chosen end-to-end percentile, or ``--max-windows`` have run; the
-    result merges the last ``STABLE_WINDOWS`` windows. Returns (measurement, achieved rate, report)."""
+    result merges the last ``STABLE_WINDOWS`` windows. Returns (measurement, achieved rate, report,
+    the merged windows)."""
     cfg = session.config
     assert cfg.stability_percent is not None
     tell = Progress(session.stream)
     pct = cfg.stability_percentile
     windows: list[dict[str, Any]] = []
-    parts: list[tuple[Measurement, float]] = []
+    parts: list[Step] = []
     stable = False
     for k in range(cfg.max_windows):
-        m, rec, planned = await session.measure(
+        step = await session.measure(
             rate, f"window {k + 1} of at most {cfg.max_windows}", warmup=cfg.warmup if k == 0 else 0.0, window=k)
-        achieved = achieved_rate(m, rec.measure_from, planned)
+        m, achieved = step.measurement, step.achieved
         value = m.end_to_end.percentile_us(pct)
         windows.append({"window": k + 1, "queries": m.queries, "errors": m.error_count,
                         "achieved_rate": round(achieved, 3), "value_us": value,
                         "p50_us": m.end_to_end.percentile_us(50), "p99_us": m.end_to_end.percentile_us(99)})
-        parts.append((m, achieved))
+        parts.append(step)
         tell.say(f"window {k + 1}: p{pct:g} {value / 1000:.2f} ms, {achieved:.1f} q/s")
         if len(parts) >= STABLE_WINDOWS and agree([w["value_us"] for w in windows[-STABLE_WINDOWS:]],
                                                   cfg.stability_percent):
             stable = True
             break
     last = parts[-STABLE_WINDOWS:]
-    merged = merge([p[0] for p in last])
+    merged = merge([p.measurement for p in last])
     report = {"percent": cfg.stability_percent, "percentile": pct, "max_windows": cfg.max_windows,
               "stable": stable, "merged_windows": len(last), "windows": windows}
-    return merged, sum(a for _, a in last) / len(last), report
+    return merged, sum(p.achieved for p in last) / len(last), report, last
 
 
 def _describe(config: QuerygenConfig, session: Session) -> dict[str, Any]:
@@ -266,16 +326,16 @@ async def execute(config: QuerygenConfig, stream: TextIO | None = None) -> dict[
             # Below MIN_STEP_QUERIES per step a p99 is just the largest of a handful of samples.
             search = SloSearch(config.slo_p99_ms * 1000, config.rate,
                                min_rate=MIN_STEP_QUERIES / step_s if step_s else 0.5)
-            best: dict[float, tuple[Measurement, float]] = {}
+            best: dict[float, Step] = {}
 
             tell = Progress(session.stream)
 
             async def step(rate: float) -> SloStep:
                 k = len(best) + 1
-                m, rec, planned = await session.measure(
+                measured = await session.measure(
                     rate, f"SLO step {k} of at most {search.max_steps}, {rate:.1f} q/s")
-                achieved = achieved_rate(m, rec.measure_from, planned)
-                best[rate] = (m, achieved)
+                m, achieved = measured.measurement, measured.achieved
+                best[rate] = measured
                 s = SloStep(rate, round(achieved, 3), m.end_to_end.percentile_us(50),
                             m.end_to_end.percentile_us(99), m.end_to_end.percentile_us(99.9),
                             m.queries, m.error_count)
@@ -289,14 +349,15 @@ async def execute(config: QuerygenConfig, stream: TextIO | None = None) -> dict[
             slo_json = result.to_json(search, step_s)
             # The headline numbers are those of the best passing step (else the lowest rate tried).
             rate = result.max_rate if result.max_rate is not None else min(best)
-            m, achieved = best[rate]
+            steps = [best[rate]]
+            m, achieved = steps[0].measurement, steps[0].achieved
         elif config.stability_percent is not None:
             rate = config.rate if config.arrivals is None else config.arrivals.mean_rate
-            m, achieved, stability = await measure_until_stable(session, rate)
+            m, achieved, stability, steps = await measure_until_stable(session, rate)
         else:
             rate = config.rate if config.arrivals is None else config.arrivals.mean_rate
-            m, rec, planned = await session.measure(rate)
-            achieved = achieved_rate(m, rec.measure_from, planned)
+            steps = [await session.measure(rate)]
+            m, achieved = steps[0].measurement, steps[0].achieved
         await session.refresh_info()
     finally:
         await session.close()
@@ -314,6 +375,7 @@ async def execute(config: QuerygenConfig, stream: TextIO | None = None) -> dict[
         "target_rate": rate if config.mode == "open" else None,
         "achieved_rate": round(achieved, 3),
         **summarise(m),
+        "generator": generator_block(config, steps),
         "workload": _describe(config, session),
         "platform": platform_info.detect(),
         "pipeline": session.pipeline,
@@ -341,6 +403,14 @@ async def execute(config: QuerygenConfig, stream: TextIO | None = None) -> dict[
         warnings.append(f"not stable: the last {STABLE_WINDOWS} of {len(stability['windows'])} windows disagree by "
                         f"more than {config.stability_percent:g}% on p{config.stability_percentile:g}; the "
                         "numbers merge them anyway (longer windows or more --max-windows may settle it)")
+    gen = doc["generator"]
+    behind = [s for s in gen["senders"] if s["send_lag"]["p99_us"] > LAG_WARN_US]
+    if config.mode == "open" and gen["processes"] > 1 and behind:
+        warnings.append("sender process" + "es" * (len(behind) > 1) + " fell behind: " + ", ".join(
+            f"{s['process']} (send lag p99 {s['send_lag']['p99_us'] / 1000:.2f} ms)" for s in behind))
+    if gen["processes"] > gen["usable_cores"]:
+        warnings.append(f"{gen['processes']} sender processes on {gen['usable_cores']} usable cores: they compete "
+                        "with each other (and with anything else here) for CPU")
     if config.mode == "open" and doc["send_lag"]["late_share"] > 0.01:
         warnings.append(f"{doc['send_lag']['late_share'] * 100:.1f}% of queries were sent more than 1 ms late")
     if m.error_count:

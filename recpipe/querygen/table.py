@@ -130,6 +130,15 @@ def run_table(doc: Mapping[str, Any]) -> str:
         share = lag.get("late_share")
         late = "" if share is None else f", {share * 100:.2f}% sent more than 1 ms late"
         notes.append(f"send lag: p50 {_ms(lag['p50_us'])} ms, p99 {_ms(lag['p99_us'])} ms, max {_ms(lag['max_us'])} ms{late}")
+    gen = doc.get("generator") or {}
+    if gen.get("processes", 1) > 1:
+        head = f"senders: {gen['processes']} processes ({gen['processes_reason']})"
+        if doc.get("mode") == "open":
+            per = "; ".join(f"{s['process']}: p50 {_ms(s['send_lag']['p50_us'])}, p99 {_ms(s['send_lag']['p99_us'])}, "
+                            f"max {_ms(s['send_lag']['max_us'])}" for s in gen["senders"])
+            notes.append(f"{head}; send lag per process (ms) {per}")
+        else:  # a closed loop sends when an answer comes back: it has no schedule to lag behind
+            notes.append(f"{head}; queries per process " + ", ".join(str(s["queries"]) for s in gen["senders"]))
     slo = doc.get("slo")
     if slo:
         best = "none" if slo["max_rate"] is None else f"{slo['max_rate']:.1f} q/s"

@@ -72,8 +72,15 @@ class TestServerConfig:
     #: > 0: Recommend calls come in blocks of this many, alternately at the configured delays and at
     #: ``SLOW_FACTOR`` times them (a server whose latency never settles, for the stability loop)
     alternate_every: int = 0
+    #: answer every Recommend with one response serialized at start, through a generic handler (no
+    #: request decode, no response build, no delays): the cheapest target a Python gRPC server can be,
+    #: so that a benchmark of the generator runs out of the generator's CPU before the target's
+    fixed_reply: bool = False
 
     def __post_init__(self) -> None:
+        if self.fixed_reply and (self.delays or self.queue_delays or self.serial or self.alternate_every
+                                 or self.stall_every):
+            raise UsageError("the fixed reply takes no delays, stalls, --serial or --alternate-every")
         unknown = (set(self.delays) | set(self.queue_delays)) - set(STEPS)
         if unknown:
             raise UsageError(f"unknown stage(s) {sorted(unknown)}; stages are {', '.join(STEPS)}")
@@ -174,12 +181,37 @@ class _Servicer(
             details={"num_users": str(self.config.num_users), "test_server": "true"})
 
 
+def fixed_reply_bytes() -> bytes:
+    """The serialized RecommendResponse of ``fixed_reply``: shaped like a real one (10 items, a timing per
+    stage with its queue/compute split, the total), so the generator does its usual work on it."""
+    timings = [recommend_pb2.StageTiming(stage=stage, server_us=1, observed_us=1, queue_us=0, compute_us=1,
+                                         batch_size=1) for stage in STEPS]
+    timings.append(recommend_pb2.StageTiming(stage=TOTAL_STEP, server_us=len(STEPS), observed_us=len(STEPS)))
+    return recommend_pb2.RecommendResponse(
+        item_ids=list(range(10)), scores=[1.0 / (j + 1) for j in range(10)], timings=timings,
+        model_version="testserver").SerializeToString()
+
+
+def _fixed_recommend_handler() -> grpc.GenericRpcHandler:
+    reply = fixed_reply_bytes()
+
+    async def recommend(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
+        return reply
+
+    # No (de)serializers: the handler sees and returns raw bytes.
+    service = recommend_pb2.DESCRIPTOR.services_by_name["RecommendService"].full_name
+    return grpc.method_handlers_generic_handler(service, {"Recommend": grpc.unary_unary_rpc_method_handler(recommend)})
+
+
 async def start_server(config: TestServerConfig, port: int = 0,
                        host: str = "127.0.0.1") -> tuple[grpc.aio.Server, int]:
     """Start the test server on the running loop; returns ``(server, bound_port)``."""
     server = grpc.aio.server()
     servicer = _Servicer(config)
-    recommend_pb2_grpc.add_RecommendServiceServicer_to_server(servicer, server)
+    if config.fixed_reply:
+        server.add_generic_rpc_handlers((_fixed_recommend_handler(),))
+    else:
+        recommend_pb2_grpc.add_RecommendServiceServicer_to_server(servicer, server)
     features_pb2_grpc.add_FeatureServiceServicer_to_server(servicer, server)
     retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(servicer, server)
     ranking_pb2_grpc.add_RankingServiceServicer_to_server(servicer, server)
@@ -226,6 +258,8 @@ class TestServerProcess:
             argv += ["--delay-ms", f"{stage}={seconds * 1000!r}"]
         if self.config.alternate_every:
             argv += ["--alternate-every", str(self.config.alternate_every)]
+        if self.config.fixed_reply:
+            argv.append("--fixed-reply")
         for stage, seconds in self.config.queue_delays.items():
             argv += ["--queue-ms", f"{stage}={seconds * 1000!r}"]
         self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -313,10 +347,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--serial", action="store_true")
     parser.add_argument("--queue-ms", action="append", default=[], metavar="STAGE=MS")
     parser.add_argument("--alternate-every", type=int, default=0, metavar="N")
+    parser.add_argument("--fixed-reply", action="store_true")
     args = parser.parse_args(argv)
     config = TestServerConfig(parse_delays(args.delay_ms), args.num_users, args.stall_every_s,
                               args.stall_ms / 1000, args.serial, parse_delays(args.queue_ms),
-                              args.alternate_every)
+                              args.alternate_every, fixed_reply=args.fixed_reply)
     with contextlib.suppress(KeyboardInterrupt):
         loops.run(_serve_forever(config, args.port))
     return 0

@@ -203,6 +203,23 @@ def test_the_chain_of_a_characterization_counts_a_stage_replicas_together(small_
         assert all(v is not None and v > 0 for v in cpu.values()), cpu
 
 
+def test_generator_processes_reach_the_loads_but_not_the_sequential_run() -> None:
+    from recpipe.characterize.sections import _config
+    from recpipe.characterize.settings import QUICK, Settings
+
+    settings = Settings(quick=True, sizes=QUICK, data="d", models="m", data_scale=0.1, data_seed=11,
+                        dataset_sha256=None, generator_processes=4)
+    assert settings.to_json()["generator_processes"] == 4
+    assert _config(settings, ":1", mode="sequential", queries=5).processes == 1
+    assert _config(settings, ":1", mode="open", rate=10.0, duration=1.0).processes == 4
+    # the sweep's first points have fewer clients than processes: one client per process at most
+    assert [_config(settings, ":1", mode="closed", concurrency=c, duration=1.0).processes for c in (1, 2, 8)] == [
+        1, 2, 4]
+    auto = Settings(quick=True, sizes=QUICK, data="d", models="m", data_scale=0.1, data_seed=11,
+                    dataset_sha256=None, generator_processes="auto")
+    assert _config(auto, ":1", mode="closed", concurrency=1, duration=1.0).processes == "auto"
+
+
 def test_gpu_busy_sampling_skips_cleanly_without_a_gpu() -> None:
     from recpipe.characterize.gpu import BusySampler
 
@@ -223,6 +240,8 @@ def test_gpu_busy_sampling_skips_cleanly_without_a_gpu() -> None:
     (["--data", "nowhere"], "--data nowhere: no manifest.json there"),
     (["--scale", "2"], "--scale must be in (0, 1]"),
     (["--budget-s", "0", "--data", "D", "--models", "M"], "--budget-s must be > 0"),
+    (["--generator-processes", "0"], "--generator-processes must be in 1..64"),
+    (["--generator-processes", "many"], "--generator-processes must be a whole number or auto"),
 ])
 def test_bad_flags_exit_2_with_one_line_and_write_nothing(
         flags: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

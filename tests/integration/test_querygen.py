@@ -167,7 +167,13 @@ def test_slo_search_finds_the_knee_of_a_serial_server(tmp_path: Path) -> None:
 
 
 def test_bench_querygen_prints_naive_beside_fast(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "querygen", "--rates", "200", "--duration", "0.5", "--warmup", "0.1"]) == 0
+    assert main(["bench", "querygen", "--rates", "200", "--duration", "0.5", "--warmup", "0.1", "--json"]) == 0
     out = capsys.readouterr().out
     assert "naive (asyncio epoll)" in out and "recpipe (select)" in out
     assert "200 q/s: send lag p99 naive" in out
+    # one and two sender processes side by side, each sending the whole schedule
+    assert "200 q/s: sender processes -> achieved 1: " in out and ", 2: " in out
+    rows = json.loads(out[out.index("\n["):])
+    assert sorted((r["loop"], r["processes"]) for r in rows) == [
+        ("naive (asyncio epoll)", 1), ("recpipe (select)", 1), ("recpipe (select)", 2)]
+    assert {r["queries"] for r in rows} == {100} and all(r["errors"] == 0 for r in rows)

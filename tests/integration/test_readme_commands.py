@@ -117,6 +117,8 @@ CASES: dict[str, tuple[str, str]] = {
         (RUN, "--duration 0.3 --stability-percent 50 --max-windows 4"),
     "recpipe querygen --target 127.0.0.1:50051 --mode open --arrivals-file intervals.txt --duration 30":
         (RUN, "--duration 1, an intervals.txt of three intervals"),
+    "recpipe querygen --target 127.0.0.1:50051 --mode open --rate 4000 --duration 60 --processes 4 --out open4k.json":
+        (RUN, "--rate 40 --duration 1 --processes 2"),
     "recpipe report x86.json gh200.json --labels x86+H100,GH200 --out report/":
         (RUN, "x86.json and gh200.json are two sequential runs"),
     "recpipe characterize --out char-a --data data --models models --threads 1 --quick":
@@ -315,6 +317,10 @@ def test_every_readme_command_works_at_small_scale(
     Path("intervals.txt").write_text("# microseconds\n50000\n100000\n150000\n")
     _ok(_argv(case("recpipe querygen --target 127.0.0.1:50051 --mode open --arrivals-file intervals.txt "
                    "--duration 30"), ports, duration="1"), capsys)
+    _ok(_argv(case("recpipe querygen --target 127.0.0.1:50051 --mode open --rate 4000 --duration 60 --processes 4 "
+                   "--out open4k.json"), ports, rate="40", duration="1", processes="2"), capsys)
+    run = json.loads(Path("open4k.json").read_text())
+    assert run["queries"] == 40 and [s["queries"] for s in run["generator"]["senders"]] == [20, 20]
     # --- report: two runs measured the same way ---
     shutil.copy("seq.json", "x86.json")
     _ok(["querygen", "--target", f"127.0.0.1:{ports['gateway']}", "--queries", "20", "--out", "gh200.json",

@@ -40,6 +40,13 @@ def _one_line_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str], match:
         (["--candidates-dist", "normal:1,2"], "lognormal:MEDIAN,SIGMA"),
         (["--candidates-file", "/nonexistent/q.txt"], "cannot read"),
         (["--mode", "closed", "--slo-p99-ms", "50"], "--mode open"),
+        (["--mode", "open", "--rate", "10", "--processes", "0"], "--processes must be in 1..64"),
+        (["--mode", "open", "--rate", "10", "--processes", "-2"], "--processes must be in 1..64"),
+        (["--mode", "open", "--rate", "10", "--processes", "1000"], "--processes must be in 1..64"),
+        (["--mode", "open", "--rate", "10", "--processes", "two"], "--processes must be a whole number or auto"),
+        (["--mode", "open", "--rate", "10", "--processes", "1.5"], "--processes must be a whole number or auto"),
+        (["--processes", "2"], "sequential sends one query at a time"),
+        (["--mode", "closed", "--concurrency", "2", "--processes", "4"], "more than --concurrency 2"),
     ],
 )
 def test_bad_arguments(capsys: pytest.CaptureFixture[str], extra: list[str], match: str) -> None:
@@ -68,3 +75,8 @@ def test_existing_output_is_refused_before_connecting(capsys: pytest.CaptureFixt
 def test_bench_querygen_rejects_bad_rates(capsys: pytest.CaptureFixture[str], rates: str) -> None:
     _one_line_exit_2(capsys, ["bench", "querygen", "--rates", rates], "--rates")
 
+
+
+@pytest.mark.parametrize("processes", ["0", "auto", "1,x"])
+def test_bench_querygen_rejects_bad_process_counts(capsys: pytest.CaptureFixture[str], processes: str) -> None:
+    _one_line_exit_2(capsys, ["bench", "querygen", "--processes", processes], "--processes")
