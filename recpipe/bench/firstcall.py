@@ -3,7 +3,9 @@
 For each ranking precision (``--precisions``; default every form this CPU offers: fp32, int8, and
 bf16 compiled where the CPU has native bf16), ``recpipe serve`` starts the whole chain as a user would
 (one process per stage under the supervisor, ``--ranking-precision FORM``), its output going to
-``DIR/serve-FORM.log``. Once the gateway is SERVING, the chain gets two Recommend calls for each count of
+``DIR/serve-FORM.log``. Once the gateway is SERVING and the chain's processes are idle (the warm
+standbys that start behind it have loaded: on 2 cores their imports and compilation would otherwise
+run beside the first calls), the chain gets two Recommend calls for each count of
 ``--counts`` in turn (1, 2, 3, 17, 500, 10,000 by default): no query has reached it before, so each
 count's first call is the first the stages see of that size. The table gives the end-to-end time and
 each stage's server time of the first and the second call and their ratio, then the restarts and
@@ -26,7 +28,7 @@ from typing import Any
 
 from recpipe.bench._args import require_dirs
 from recpipe.config import DEFAULT_DATA_DIR, DEFAULT_HOST, DEFAULT_MODELS_DIR
-from recpipe.errors import UsageError
+from recpipe.errors import RecpipeError, UsageError
 
 COUNTS = (1, 2, 3, 17, 500, 10_000)
 #: what the serve log says when the supervisor restarts or kills a stage
@@ -91,6 +93,7 @@ def _one_chain(args: argparse.Namespace, form: str, counts: list[int]) -> dict[s
                 raise UsageError(f"the chain was not SERVING after {args.timeout:g} s (see {log_path})")
             time.sleep(0.2)
         serving_s = time.monotonic() - t0
+        quiet_s = _wait_quiet(proc.pid, args.timeout) - t0
         rows = []
         with RecommendClient(f"{DEFAULT_HOST}:{REGISTRY.default_ports(port)[RANKING]}", timeout=10.0) as ranking:
             precision_text = ranking.info().details.get("precision", form)
@@ -100,7 +103,11 @@ def _one_chain(args: argparse.Namespace, form: str, counts: list[int]) -> dict[s
                 calls = []
                 for _ in range(2):
                     t = time.perf_counter()
-                    rec = client.recommend(user_id=7, num_candidates=k, num_results=min(10, k))
+                    try:
+                        rec = client.recommend(user_id=7, num_candidates=k, num_results=min(10, k))
+                    except RecpipeError as e:  # a stalled stage: the call's error is the measurement
+                        calls.append({"e2e_ms": (time.perf_counter() - t) * 1e3, "error": str(e)[:200]})
+                        continue
                     calls.append({"e2e_ms": (time.perf_counter() - t) * 1e3,
                                   **{f"{s.stage}_ms": s.server_us / 1e3 for s in rec.timings}})
                 rows.append({"count": k, "first": calls[0], "second": calls[1]})
@@ -114,8 +121,45 @@ def _one_chain(args: argparse.Namespace, form: str, counts: list[int]) -> dict[s
             proc.wait()
     text = log_path.read_text(errors="replace")
     restarts = [line for line in text.splitlines() if any(m in line for m in RESTART_MARKS)]
-    return {"precision": form, "ranking": precision_text, "serving_s": round(serving_s, 2), "calls": rows,
+    return {"precision": form, "ranking": precision_text, "serving_s": round(serving_s, 2),
+            "quiet_s": round(quiet_s, 2), "calls": rows,
             "restarts": restarts, "log": str(log_path)}
+
+
+#: the chain counts as quiet once its processes use less than this share of one core over ``QUIET_S``
+QUIET_CORES = 0.05
+QUIET_S = 1.0
+
+
+def _wait_quiet(pid: int, timeout: float) -> float:
+    """Wait until ``pid`` and its descendants (the stages, and the warm standbys ``recpipe serve`` starts
+    once the chain is SERVING) are idle, so that the first calls are timed on the chain alone and not
+    beside the standbys' imports and compilation; returns the monotonic instant."""
+    from recpipe.characterize.cputime import cpu_seconds
+
+    def tree_cpu() -> float:
+        pids, total = {pid}, 0.0
+        for path in Path("/proc").iterdir():
+            if path.name.isdigit():
+                try:
+                    stat = (path / "stat").read_text()
+                    if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
+                        pids.add(int(path.name))
+                except (OSError, ValueError, IndexError):
+                    continue
+        for p in pids:
+            total += cpu_seconds(p) or 0.0
+        return total
+
+    until = time.monotonic() + timeout
+    last = tree_cpu()
+    while time.monotonic() < until:
+        time.sleep(QUIET_S)
+        now = tree_cpu()
+        if now - last < QUIET_CORES * QUIET_S:
+            break
+        last = now
+    return time.monotonic()
 
 
 def _free_block(free_port: Any) -> int:
@@ -138,15 +182,19 @@ def _free_block(free_port: Any) -> int:
 
 def _print(results: list[dict[str, Any]]) -> None:
     for r in results:
-        print(f"\n--ranking-precision {r['precision']}: SERVING after {r['serving_s']:.1f} s; "
-              f"restarts in the serve log: {len(r['restarts'])}")
-        stages = [key for key in r["calls"][0]["first"] if key != "e2e_ms"]
-        head = f"{'candidates':>10} {'first ms':>9} {'second ms':>10} {'ratio':>6}  " + \
-            "  ".join(f"{s.removesuffix('_ms')} 1st/2nd" for s in stages)
-        print(head)
+        print(f"\n--ranking-precision {r['precision']}: SERVING after {r['serving_s']:.1f} s, quiet (standbys "
+              f"loaded) after {r['quiet_s']:.1f} s; restarts in the serve log: {len(r['restarts'])}")
+        stages = next((list(k for k in c if k.endswith("_ms") and k != "e2e_ms") for row in r["calls"]
+                       for c in (row["first"], row["second"]) if "error" not in c), [])
+        print(f"{'candidates':>10} {'first ms':>9} {'second ms':>10} {'ratio':>6}  " +
+              "  ".join(f"{s.removesuffix('_ms')} 1st/2nd" for s in stages))
         for row in r["calls"]:
             first, second = row["first"], row["second"]
-            per_stage = "  ".join(f"{first[s]:>7.2f}/{second[s]:<7.2f}" for s in stages)
+            if "error" in first or "error" in second:
+                err = first.get("error") or second.get("error")
+                print(f"{row['count']:>10} {first['e2e_ms']:>9.2f} {second['e2e_ms']:>10.2f}  failed: {err}")
+                continue
+            per_stage = "  ".join(f"{first.get(s, 0):>7.2f}/{second.get(s, 0):<7.2f}" for s in stages)
             print(f"{row['count']:>10} {first['e2e_ms']:>9.2f} {second['e2e_ms']:>10.2f} "
                   f"{first['e2e_ms'] / second['e2e_ms']:>5.2f}x  {per_stage}")
         for line in r["restarts"]:
