@@ -96,6 +96,8 @@ class RankingCore:
         chosen form."""
         current = self.predictor
         by_form = repo.section("metrics").get("ranking_auc_by_precision") or None
+        if requested != "auto":  # a form this machine cannot run is refused before anything is built
+            precisions.choose(requested, self.torch_device, None, {})
         candidates: dict[str, Predictor] = {}
         if self.torch_device.type == "cpu":
             wanted = precisions.available(self.torch_device) if requested == "auto" else (requested,)
