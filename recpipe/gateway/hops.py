@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from recpipe.errors import DeadlineExceeded, RecpipeError, StageUnavailable
+from recpipe.serving.batcher import gather
 
 Req = TypeVar("Req")
 Res = TypeVar("Res")
@@ -112,7 +113,7 @@ class Hop(Generic[Req, Res]):
                 await self._wake.wait()
             await asyncio.sleep(0)  # let the calls that are already on their way join this batch
             if cfg.max_queue_delay_us and len(self._queue) < cfg.max_batch:
-                await self._gather(cfg.max_queue_delay_us / 1e6)
+                await gather(self._queue, self._wake, cfg.max_batch, cfg.max_queue_delay_us / 1e6)
             batch = self._take(cfg.max_batch)
             if batch:
                 self._in_flight += 1
@@ -120,16 +121,6 @@ class Hop(Generic[Req, Res]):
                 self._sends.add(task)
                 task.add_done_callback(self._sends.discard)
 
-    async def _gather(self, delay_s: float) -> None:
-        assert self._wake is not None
-        until = time.monotonic() + delay_s
-        while len(self._queue) < self.config.max_batch:
-            left = until - time.monotonic()
-            if left <= 0:
-                return
-            self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), left)
 
     def _take(self, n: int) -> list[_Call]:
         """Up to ``n`` live calls from the head of the queue; expired ones are answered and dropped."""

@@ -31,7 +31,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Sized
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -330,16 +330,8 @@ class Batcher(Generic[Q, R]):
         return (end_ns - start_ns) // 1000
 
     async def _gather(self, delay_s: float) -> None:
-        """Wait up to ``delay_s`` for the queue to reach ``max_batch``."""
         assert self._wake is not None
-        until = time.monotonic() + delay_s
-        while len(self._queue) < self.config.max_batch:
-            left = until - time.monotonic()
-            if left <= 0:
-                return
-            self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), left)
+        await gather(self._queue, self._wake, self.config.max_batch, delay_s)
 
     def _take(self, n: int) -> list[_Pending[Q, R]]:
         """Up to ``n`` live requests from the head of the queue, and the rest of the group of the last one
@@ -359,3 +351,16 @@ class Batcher(Generic[Q, R]):
                 continue
             batch.append(p)
         return batch
+
+
+async def gather(queue: Sized, wake: asyncio.Event, size: int, delay_s: float) -> None:
+    """Wait up to ``delay_s`` for ``queue`` to hold ``size`` items, woken by ``wake`` whenever one is
+    added: the queue delay of a batcher (this one, and the gateway's batched hops)."""
+    until = time.monotonic() + delay_s
+    while len(queue) < size:
+        left = until - time.monotonic()
+        if left <= 0:
+            return
+        wake.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wake.wait(), left)

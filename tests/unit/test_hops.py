@@ -140,3 +140,17 @@ def test_the_calls_out_at_once_default_to_the_addresses_a_target_lists() -> None
     assert addresses("127.0.0.1:5001") == 1 and addresses("dns:///ranking:50054") == 1
     hop = Hop("s.M", Stage().unary, Stage().batch, HopConfig(), replicas=addresses("ipv4:a:1,b:2,c:3"))
     assert hop.max_in_flight == 3
+
+
+def test_a_queue_delay_lets_a_lone_call_wait_for_company() -> None:
+    async def go() -> None:
+        stage = Stage()
+        hop = _hop(stage, max_queue_delay_us=200_000, max_batch=2)
+        first = asyncio.create_task(hop("a", None))
+        await asyncio.sleep(0.02)
+        assert stage.sent == []  # waiting for a second call, up to 200 ms
+        second = asyncio.create_task(hop("b", None))
+        assert await asyncio.gather(first, second) == ["answer a", "answer b"]
+        assert stage.sent == [["a", "b"]]  # the batch filled: sent before the delay ran out
+
+    asyncio.run(go())
