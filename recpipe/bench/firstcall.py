@@ -45,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="directory for the serve logs and firstcall.json")
     parser.add_argument("--threads", default="auto", help="serve --threads (default %(default)s)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds the chain may take to start")
+    parser.add_argument("--force", action="store_true", help="replace the results of an earlier run in --out")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -63,10 +64,15 @@ def run(args: argparse.Namespace) -> int:
         import torch
 
         forms = list(precisions.available(torch.device("cpu")))
+    from recpipe.files import check_writable, write_atomic
+
     args.out.mkdir(parents=True, exist_ok=True)
+    results_file = check_writable(args.out / "firstcall.json", args.force)  # before minutes of work
+    for form in forms:
+        check_writable(args.out / f"serve-{form}.log", args.force)
     results = [_one_chain(args, form, counts) for form in forms]
     _print(results)
-    (args.out / "firstcall.json").write_text(json.dumps(results, indent=2) + "\n")
+    write_atomic(results_file, json.dumps(results, indent=2) + "\n", force=True)
     return 0
 
 

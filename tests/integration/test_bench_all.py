@@ -78,6 +78,8 @@ def test_bench_runs(name: str, device: str, small_models: Path, small_dataset: P
     if name == "firstcall":  # a real supervised chain: two calls per count, no restart
         assert "--ranking-precision fp32: SERVING after" in out and "restarts in the serve log: 0" in out
         assert (tmp_path / "fc" / "serve-fp32.log").exists() and (tmp_path / "fc" / "firstcall.json").exists()
+        assert main(argv) == 2  # its results are not overwritten without --force, before any chain starts
+        assert "pass --force" in capsys.readouterr().err
     if name == "ranking":
         assert "served (fused + user-side once)" in out
         if device == "cuda":
