@@ -149,7 +149,6 @@ class Predictor:
         if runner is None:
             raise RuntimeError("warm_buckets needs set_user_tables() first")
         t0 = time.perf_counter()
-        self.sealed = False
         shapes = [(u, r) for u in user_buckets(max_users) for r in row_buckets() if (u, r) not in self.warmed]
         for users, rows in shapes:
             self.warm_up([rows - users + 1] + [1] * (users - 1))

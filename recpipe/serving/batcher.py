@@ -34,7 +34,7 @@ from collections import deque
 from collections.abc import Callable, Sequence, Sized
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, cast
 
 from recpipe.errors import DeadlineExceeded, Overloaded, RecpipeError, StageUnavailable, UsageError
 from recpipe.serving import nvtx
@@ -182,15 +182,16 @@ class Batcher(Generic[Q, R]):
         across core calls, whatever ``max_batch``: its entries come back in one response anyway, so one
         core call makes none of them wait longer, and saves a core call per entry."""
         self._group += 1
-        out: list[Batched[R] | Exception | None] = [None] * len(queries)
+        out: list[Batched[R] | Exception | None] = []  # every slot filled below: its refusal or its answer
         pending: list[tuple[int, _Pending[Q, R]]] = []
-        for i, (query, deadline) in enumerate(zip(queries, deadlines, strict=True)):
+        for query, deadline in zip(queries, deadlines, strict=True):
             try:
                 self._admit(deadline)
             except RecpipeError as e:
-                out[i] = e
+                out.append(e)
                 continue
-            pending.append((i, self._enqueue(query, deadline, self._rows(query), self._group)))
+            pending.append((len(out), self._enqueue(query, deadline, self._rows(query), self._group)))
+            out.append(None)
         if pending:
             self._wake_worker()
             try:
@@ -199,11 +200,10 @@ class Batcher(Generic[Q, R]):
                 self._drop([p for _, p in pending])
                 raise
             for (i, _), answer in zip(pending, answers, strict=True):
-                if isinstance(answer, asyncio.CancelledError):
-                    raise answer
-                out[i] = answer if not isinstance(answer, BaseException) or isinstance(answer, Exception) else \
-                    RuntimeError(str(answer))
-        return [a if a is not None else StageUnavailable(f"{self.stage}: no answer") for a in out]
+                if isinstance(answer, BaseException) and not isinstance(answer, Exception):
+                    raise answer  # cancelled
+                out[i] = answer
+        return cast("list[Batched[R] | Exception]", out)
 
     def _admit(self, deadline: float | None) -> None:
         """Refuse a request at once (see the module doc: closed, queue full, deadline not coverable)."""

@@ -198,10 +198,7 @@ overlap; a batcher makes one call at a time.
             queued: list[tuple[int, Any]] = []
             for i, (r, d) in enumerate(zip(request.entries, deadlines, strict=True)):
                 try:
-                    if d is not None and d <= now:
-                        raise DeadlineExceeded(f"{self.name}: deadline passed before the stage started")
-                    with nvtx.range(f"{method.step}.decode"):
-                        queued.append((i, method.decode(core, r)))
+                    queued.append((i, self._decoded(method, core, r, d)))
                 except Exception as e:
                     answers[i] = e
             done = await batcher.submit_many([q for _, q in queued], [deadlines[i] for i, _ in queued])
@@ -226,10 +223,7 @@ overlap; a batcher makes one call at a time.
     async def _answer(self, method: Method[C, Q, R], core: C, request: Any, deadline: float | None,
                       start: int) -> Any:
         """One request's steps after the deadline check: decode and check, compute, encode, timing."""
-        if deadline is not None and deadline <= time.monotonic():
-            raise DeadlineExceeded(f"{self.name}: deadline passed before the stage started")
-        with nvtx.range(f"{method.step}.decode"):
-            query = method.decode(core, request)
+        query = self._decoded(method, core, request, deadline)
         batcher = self._batchers.get(method.name)
         if batcher is not None:
             done: Batched[R] = await batcher.submit(query, deadline)
@@ -241,6 +235,13 @@ overlap; a batcher makes one call at a time.
                 value = await self._run(method.single(core), query, self._costs[method.name], rows)
             done = Batched(value, 0, elapsed_us(computed), 1)
         return self._encoded(method, core, done, start)
+
+    def _decoded(self, method: Method[C, Q, R], core: C, request: Any, deadline: float | None) -> Q:
+        """The request decoded and checked into its query, unless its deadline has passed already."""
+        if deadline is not None and deadline <= time.monotonic():
+            raise DeadlineExceeded(f"{self.name}: deadline passed before the stage started")
+        with nvtx.range(f"{method.step}.decode"):
+            return method.decode(core, request)
 
     def _encoded(self, method: Method[C, Q, R], core: C, done: Batched[R], start: int) -> Any:
         """The response message of ``done``, with its timing."""
