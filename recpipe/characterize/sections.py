@@ -136,7 +136,7 @@ def chain(settings: Settings, log_level: str) -> Iterator[Chain]:
     from recpipe.stages import REGISTRY
 
     host = DEFAULT_HOST
-    replicas, replicas_line = resolve_replicas(REGISTRY, settings.replicas)
+    replicas, replicas_line = resolve_replicas(REGISTRY, settings.replicas, settings.device)
     ports = allocate_ports(REGISTRY, host, 0, -1, replicas)
     threads, chosen = resolve_threads(REGISTRY, threads_arg(settings.threads), replicas)
     stages = supervised_stages(REGISTRY, models=Path(settings.models), data=Path(settings.data), host=host,

@@ -71,8 +71,9 @@ class Settings:
     dataset_sha256: str | None
     device: str = "auto"
     threads: str = "auto"
-    #: ``--replicas`` as given ("1": one process per stage)
-    replicas: str = "1"
+    #: ``--replicas`` as given ("auto", the command's default, sizes them from the cores; "1": one
+    #: process per stage, what documents from before the setting were measured with)
+    replicas: str = "auto"
     workers: int = 0
     serve_args: tuple[str, ...] = ()
     num_candidates: int = 500
@@ -80,7 +81,7 @@ class Settings:
     seed: int = 0
     budget_s: float = 1800.0
     #: querygen --processes for the sweep and the SLO searches (the sequential run uses one)
-    generator_processes: int | str = 1
+    generator_processes: int | str = "auto"
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda"):

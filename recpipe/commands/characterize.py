@@ -33,8 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                         help="retrieval and ranking device (and the benches')")
     parser.add_argument("--threads", type=threads_arg, default=None, help=THREADS_HELP)
-    parser.add_argument("--replicas", type=replicas_arg, default="1", metavar="STAGE=N[,...]|N|auto",
-                        help=REPLICAS_HELP)
+    parser.add_argument("--replicas", type=replicas_arg, default="auto", metavar="STAGE=N[,...]|N|auto",
+                        help=REPLICAS_HELP + " (default auto here: the chain as this machine can run it)")
     parser.add_argument("--workers", type=int, default=0, help="serve --workers for every stage")
     parser.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
                         help="one more argument for every stage's serve command, e.g. --serve-arg=--max-batch=8 "
@@ -49,8 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-candidates", type=int, default=DEFAULT_NUM_CANDIDATES, help="candidates per query")
     parser.add_argument("--num-results", type=int, default=DEFAULT_NUM_RESULTS, help="results per query")
     parser.add_argument("--seed", type=int, default=0, help="seed of the query mix")
-    parser.add_argument("--generator-processes", default="1", metavar="N|auto",
-                        help="querygen --processes for the sweep and the SLO searches (default 1)")
+    parser.add_argument("--generator-processes", default="auto", metavar="N|auto",
+                        help="querygen --processes for the sweep and the SLO searches (default auto: as many "
+                             "senders as the load needs, within the cores)")
     parser.add_argument("--force", action="store_true",
                         help="start over in a DIR that holds a characterization (by other settings, or finished)")
 

@@ -90,7 +90,7 @@ def _serve_and_measure(args: argparse.Namespace, data: Path, models: Path) -> in
     from recpipe.stages import REGISTRY
 
     host = DEFAULT_HOST
-    replicas, replicas_line = resolve_replicas(REGISTRY, args.replicas)
+    replicas, replicas_line = resolve_replicas(REGISTRY, args.replicas, args.device)
     ports = allocate_ports(REGISTRY, host, 0, -1, replicas)
     threads, chosen = resolve_threads(REGISTRY, args.threads, replicas)
     stages = supervised_stages(REGISTRY, models=models, data=data, host=host, ports=ports,

@@ -224,7 +224,7 @@ def _run_all(args: argparse.Namespace, stages: Registry, batch: BatchConfig, opt
                        ("--own-port", args.own_port is not None)):
         if used:
             raise UsageError(f"{flag} only applies to --stage NAME (--stage all sets it for replicas)")
-    replicas, replicas_line = launch.resolve_replicas(stages, args.replicas)
+    replicas, replicas_line = launch.resolve_replicas(stages, args.replicas, args.device)
     for path, what in ((args.models, "--models"), (args.data, "--data")):
         if not Path(path).is_dir():
             raise UsageError(f"{what} {path}: no such directory")

@@ -5,7 +5,9 @@ with the stage named in the message, so the gateway's interceptor answers the cl
 code: a stage that is down becomes UNAVAILABLE "retrieval unavailable at 127.0.0.1:50053: ...".
 Each client opens its own channel to ``target``, or uses the ``channel`` it is given (the query
 generator passes channels it has already checked are ready). With ``hops`` (``recpipe.gateway.hops``)
-the calls in flight go out as one batch call per stage method.
+the calls in flight go out as one batch call per stage method; where ``target`` lists several replicas
+(``recpipe serve --replicas``), the client also opens one channel per replica, and the hop chooses
+the replica of each batch itself (the balanced channel stays for the readiness checks).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import numpy as np
 from grpc import aio
 
 from recpipe.errors import ArtifactMismatch, RecpipeError
-from recpipe.gateway.hops import Hop, HopConfig, addresses
+from recpipe.gateway.hops import Hop, HopConfig, Route, replica_targets
 from recpipe.serving import codec
 from recpipe.serving.channels import make_channel
 from recpipe.serving.status import error_for
@@ -48,16 +50,29 @@ class _StageClient:
         self._channel = channel if channel is not None else make_channel(target)
         self._hop_config = hops or HopConfig(max_batch=1)
         self.hops: dict[str, Hop[Any, Any]] = {}
+        replicas = replica_targets(target) if channel is None else [target]
+        #: the channel of each replica, in the order the hops prefer them (one: the balanced channel)
+        self.replica_channels = [self._channel] if len(replicas) == 1 else [make_channel(t) for t in replicas]
+        if len(self.replica_channels) > 1:
+            for replica in self.replica_channels:
+                replica.get_state(try_to_connect=True)  # connected before the first call needs it
 
     @property
     def channel(self) -> aio.Channel:
         """The channel the chain calls the stage on (the gateway's readiness checks use it too)."""
         return self._channel
 
-    def _hop(self, method: str, unary: Callable[..., Awaitable[Any]], batch: Callable[..., Awaitable[Any]],
-             batch_request: Callable[..., Any]) -> Hop[Any, Any]:
-        """The calls of ``method`` through a ``Hop``: one ``batch`` RPC (entries in ``batch_request``) for
-        the calls in flight, ``unary`` for a call alone."""
+    def _hop(self, stub_class: Callable[[aio.Channel], Any], method: str, batch_request: Callable[..., Any]) -> Hop[Any, Any]:
+        """The calls of ``method`` through a ``Hop``: one ``<method>Batch`` RPC (entries in
+        ``batch_request``) for the calls in flight, ``method`` for a call alone, on each replica."""
+        routes = [self._route(stub_class(ch), method, batch_request, ch if len(self.replica_channels) > 1 else None)
+                  for ch in self.replica_channels]
+        hop: Hop[Any, Any] = Hop(f"{self.stage}.{method}", routes, self._hop_config)
+        self.hops[method] = hop
+        return hop
+
+    def _route(self, stub: Any, method: str, batch_request: Callable[..., Any], channel: aio.Channel | None) -> Route:
+        unary, batch = getattr(stub, method), getattr(stub, f"{method}Batch")
 
         async def one(request: Any, timeout: float | None) -> Any:
             return await self._call(unary, request, timeout)
@@ -68,9 +83,9 @@ class _StageClient:
                                                                               e.error.message)
                     for e in reply.entries]
 
-        hop: Hop[Any, Any] = Hop(f"{self.stage}.{method}", one, many, self._hop_config, addresses(self.target))
-        self.hops[method] = hop
-        return hop
+        if channel is None:
+            return Route(one, many)
+        return Route(one, many, lambda: _connected(channel))
 
     async def _call(self, rpc: Callable[..., Awaitable[R]], request: object, timeout: float | None) -> R:
         try:
@@ -90,7 +105,8 @@ class _StageClient:
     async def close(self) -> None:
         for hop in self.hops.values():
             await hop.close()
-        await self._channel.close(None)
+        for channel in {id(c): c for c in (self._channel, *self.replica_channels)}.values():
+            await channel.close(None)
 
 
 class GrpcFeatureClient(_StageClient):
@@ -98,11 +114,9 @@ class GrpcFeatureClient(_StageClient):
 
     def __init__(self, target: str, channel: aio.Channel | None = None, hops: HopConfig | None = None) -> None:
         super().__init__("features", target, channel, hops)
-        stub = features_pb2_grpc.FeatureServiceStub(self.channel)
-        self._user = self._hop("AugmentUser", stub.AugmentUser, stub.AugmentUserBatch,
-                               features_pb2.AugmentUserBatchRequest)
-        self._items = self._hop("AugmentItems", stub.AugmentItems, stub.AugmentItemsBatch,
-                                features_pb2.AugmentItemsBatchRequest)
+        stub = features_pb2_grpc.FeatureServiceStub
+        self._user = self._hop(stub, "AugmentUser", features_pb2.AugmentUserBatchRequest)
+        self._items = self._hop(stub, "AugmentItems", features_pb2.AugmentItemsBatchRequest)
 
     async def augment_user(self, user_id: int, timeout: float | None) -> StageResult[features_pb2.AugmentUserResponse]:
         r = await self._user(features_pb2.AugmentUserRequest(user_id=user_id), timeout)
@@ -118,8 +132,7 @@ class GrpcFeatureClient(_StageClient):
 class GrpcRetrievalClient(_StageClient):
     def __init__(self, target: str, channel: aio.Channel | None = None, hops: HopConfig | None = None) -> None:
         super().__init__("retrieval", target, channel, hops)
-        stub = retrieval_pb2_grpc.RetrievalServiceStub(self.channel)
-        self._retrieve = self._hop("Retrieve", stub.Retrieve, stub.RetrieveBatch, retrieval_pb2.RetrieveBatchRequest)
+        self._retrieve = self._hop(retrieval_pb2_grpc.RetrievalServiceStub, "Retrieve", retrieval_pb2.RetrieveBatchRequest)
 
     async def retrieve(
         self, user: features_pb2.AugmentUserResponse, k: int, timeout: float | None
@@ -132,8 +145,7 @@ class GrpcRetrievalClient(_StageClient):
 class GrpcRankingClient(_StageClient):
     def __init__(self, target: str, channel: aio.Channel | None = None, hops: HopConfig | None = None) -> None:
         super().__init__("ranking", target, channel, hops)
-        stub = ranking_pb2_grpc.RankingServiceStub(self.channel)
-        self._rank = self._hop("Rank", stub.Rank, stub.RankBatch, ranking_pb2.RankBatchRequest)
+        self._rank = self._hop(ranking_pb2_grpc.RankingServiceStub, "Rank", ranking_pb2.RankBatchRequest)
 
     async def rank(
         self, user: features_pb2.AugmentUserResponse, items: features_pb2.AugmentItemsResponse, timeout: float | None
@@ -144,6 +156,15 @@ class GrpcRankingClient(_StageClient):
         r = await self._rank(request, timeout)
         k = items.dense.shape[0] if items.dense.shape else None
         return _result(_decode(r.scores, "ranking", "scores", "float32", (k,)), r, r.model_version)
+
+
+def _connected(channel: aio.Channel) -> bool:
+    """Whether a replica's channel is connected; an idle one (its replica went away, or the channel sat
+    unused) is asked to connect and counts as down until it has."""
+    state = channel.get_state()
+    if state == grpc.ChannelConnectivity.IDLE:
+        channel.get_state(try_to_connect=True)
+    return state == grpc.ChannelConnectivity.READY
 
 
 def _result(value: R, reply: Any, model_version: str = "") -> StageResult[R]:

@@ -10,9 +10,14 @@ of the stages' dynamic batcher (``recpipe.serving.batcher``), with the same knob
   (waiting at most ``max_queue_delay_us`` after the first for others; 0, the default, takes what is
   queued, so a lone query never waits) and sends them as one batch call, each entry with its own time
   left (``timeout_us``); a batch of one goes as the plain unary call;
-- at most ``max_in_flight`` batch calls are out at once (one per replica the target names): while
-  one is out, the calls that arrive queue, so under load batches grow by themselves and at low load a
-  query goes alone at once;
+- at most ``max_in_flight`` batch calls are out at once (default: one per replica): while they are
+  out, the calls that arrive queue, so under load batches grow by themselves and at low load a query
+  goes alone at once;
+- with several replicas (``Route``, one channel each) a batch goes to the first replica, in a fixed
+  order, that has no call out and whose channel is up: one batch per replica at a time, as an
+  inference server gives one batch to each model instance, and at low load every query meets the same
+  warm process instead of visiting each replica in turn (a round-robin channel also sends a second
+  batch to a busy replica while another is idle);
 - each call gets its own answer or its own error; a call whose deadline passes while queued is
   answered DEADLINE_EXCEEDED without being sent, and a cancelled one is dropped.
 """
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -38,10 +44,20 @@ BatchSend = Callable[[list[Any], list[int], float | None], Awaitable[Sequence[An
 
 
 @dataclass(frozen=True)
+class Route:
+    """One way to a stage method: ``unary(request, timeout)``, ``batch(requests, timeouts_us, timeout)``
+    and ``up()``: whether its channel can take a call now (not failing to connect)."""
+
+    unary: Callable[[Any, float | None], Awaitable[Any]]
+    batch: BatchSend
+    up: Callable[[], bool] = lambda: True
+
+
+@dataclass(frozen=True)
 class HopConfig:
     """``max_batch`` calls per batch call at most (1: every call sent alone, at once, as before batched
     hops); ``max_queue_delay_us`` how long the first queued call may wait for others; ``max_in_flight``
-    batch calls out at once (0: one per address the stage's target lists)."""
+    batch calls out at once (0: one per replica; spread evenly over the replicas)."""
 
     max_batch: int = 32
     max_queue_delay_us: int = 0
@@ -59,25 +75,34 @@ class Hop(Generic[Req, Res]):
     """One stage method's calls from the gateway (see the module doc). ``unary(request, timeout)`` and
     ``batch(requests, timeouts_us, timeout)`` raise or return domain errors, never gRPC ones."""
 
-    def __init__(self, name: str, unary: Callable[[Req, float | None], Awaitable[Res]], batch: BatchSend,
-                 config: HopConfig, replicas: int = 1) -> None:
+    def __init__(self, name: str, routes: Sequence[Route], config: HopConfig) -> None:
+        if not routes:
+            raise ValueError(f"{name}: a hop needs at least one route")
         self.name = name
-        self._unary = unary
-        self._batch = batch
+        self.routes = list(routes)
         self.config = config
-        self.max_in_flight = config.max_in_flight or max(1, replicas)
+        self.max_in_flight = config.max_in_flight or len(self.routes)
+        #: batch calls out at once on one route
+        self.per_route = math.ceil(self.max_in_flight / len(self.routes))
+        self._out = [0] * len(self.routes)
+        self._turn = -1
         self._queue: deque[_Call] = deque()
         self._wake: asyncio.Event | None = None
         self._worker: asyncio.Task[None] | None = None
         self._in_flight = 0
         self._sends: set[asyncio.Task[None]] = set()
-        #: batch calls sent and the calls they carried (for ``GetInfo`` and the tests)
+        #: batch calls sent and the calls they carried (for ``GetInfo`` and the tests), and the batch
+        #: calls each route took
         self.batches = 0
         self.calls = 0
+        self.sent_per_route = [0] * len(self.routes)
 
     async def __call__(self, request: Req, timeout: float | None) -> Res:
-        if self.config.max_batch <= 1:
-            return await self._unary(request, timeout)
+        if self.config.max_batch <= 1:  # unbatched: each call at once, the replicas taken in turn
+            self._turn += 1
+            n = len(self.routes)
+            turn = next((i % n for i in range(self._turn, self._turn + n) if self.routes[i % n].up()), self._turn % n)
+            return await self.routes[turn].unary(request, timeout)  # type: ignore[no-any-return]
         loop = asyncio.get_running_loop()
         if self._worker is None:
             self._wake = asyncio.Event()
@@ -108,18 +133,38 @@ class Hop(Generic[Req, Res]):
         assert self._wake is not None
         cfg = self.config
         while True:
-            while not self._queue or self._in_flight >= self.max_in_flight:
+            while not self._queue or self._free_route() is None:
                 self._wake.clear()
                 await self._wake.wait()
             await asyncio.sleep(0)  # let the calls that are already on their way join this batch
             if cfg.max_queue_delay_us and len(self._queue) < cfg.max_batch:
                 await gather(self._queue, self._wake, cfg.max_batch, cfg.max_queue_delay_us / 1e6)
+            route = self._free_route()  # only sends ending free routes meanwhile: never None here
             batch = self._take(cfg.max_batch)
-            if batch:
+            if batch and route is not None:
                 self._in_flight += 1
-                task = asyncio.get_running_loop().create_task(self._send(batch))
+                self._out[route] += 1
+                task = asyncio.get_running_loop().create_task(self._send(batch, route))
                 self._sends.add(task)
                 task.add_done_callback(self._sends.discard)
+
+    def _free_route(self) -> int | None:
+        """The first route (in their fixed order) with room for a batch call and a channel that is up;
+        where no route is up, the first with room (its call fails at once, as the stage is down); None
+        while the calls out fill ``max_in_flight`` or every route that is up is busy."""
+        if self._in_flight >= self.max_in_flight:
+            return None
+        first_with_room = None
+        any_up = False
+        for i, route in enumerate(self.routes):
+            up = route.up()
+            any_up = any_up or up
+            if self._out[i] < self.per_route:
+                if up:
+                    return i
+                if first_with_room is None:
+                    first_with_room = i
+        return None if any_up else first_with_room
 
 
     def _take(self, n: int) -> list[_Call]:
@@ -136,15 +181,16 @@ class Hop(Generic[Req, Res]):
             batch.append(call)
         return batch
 
-    async def _send(self, batch: list[_Call]) -> None:
+    async def _send(self, batch: list[_Call], index: int) -> None:
+        route = self.routes[index]
         now = time.monotonic()
         lefts = [None if c.deadline is None else max(c.deadline - now, 1e-6) for c in batch]
         timeout = None if any(t is None for t in lefts) else max(t for t in lefts if t is not None)
         try:
             if len(batch) == 1:
-                answers: Sequence[Any] = [await self._unary(batch[0].request, lefts[0])]
+                answers: Sequence[Any] = [await route.unary(batch[0].request, lefts[0])]
             else:
-                answers = await self._batch([c.request for c in batch],
+                answers = await route.batch([c.request for c in batch],
                                             [0 if t is None else max(1, int(t * 1e6)) for t in lefts], timeout)
                 if len(answers) != len(batch):
                     raise StageUnavailable(f"{self.name}: a batch of {len(batch)} got {len(answers)} answers")
@@ -152,8 +198,10 @@ class Hop(Generic[Req, Res]):
             answers = [e] * len(batch)
         finally:
             self._in_flight -= 1
+            self._out[index] -= 1
             if self._wake is not None:
                 self._wake.set()
+        self.sent_per_route[index] += 1
         self.batches += 1
         self.calls += len(batch)
         for call, answer in zip(batch, answers, strict=True):
@@ -165,10 +213,13 @@ class Hop(Generic[Req, Res]):
                 call.future.set_result(answer)
 
 
-def addresses(target: str) -> int:
-    """How many servers a gRPC target names: the addresses of an ``ipv4:``/``ipv6:`` list, else 1 (a
-    host:port, or a DNS name whose replicas are not known until it resolves)."""
+def replica_targets(target: str) -> list[str]:
+    """The target of each server a gRPC target names: each address of an ``ipv4:``/``ipv6:`` list
+    (``recpipe serve --replicas``), else the target itself (a host:port, or a DNS name whose replicas
+    are not known until it resolves and which its channel balances)."""
     scheme, _, rest = target.partition(":")
     if scheme in ("ipv4", "ipv6") and rest:
-        return len([a for a in rest.split(",") if a.strip()])
-    return 1
+        listed = [a.strip() for a in rest.split(",") if a.strip()]
+        if len(listed) > 1:
+            return [f"{scheme}:{a}" for a in listed]
+    return [target]

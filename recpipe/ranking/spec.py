@@ -23,5 +23,5 @@ def build(cfg: StageConfig) -> Stage:
                                                       **asdict(opts)), cfg)
 
 
-SPEC = StageSpec(NAME, port_offset=3, build=build, cost=4.7, nice=COMPUTE_NICE, options=RankingOptions, threads=("torch",),
+SPEC = StageSpec(NAME, port_offset=3, build=build, cost=4.7, gpu_cost=1.7, nice=COMPUTE_NICE, options=RankingOptions, threads=("torch",),
                  description="DLRM over the candidates")

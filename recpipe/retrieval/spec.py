@@ -27,6 +27,6 @@ def build(cfg: StageConfig) -> Stage:
     return RetrievalStage.over(lambda: RetrievalCore.load(cfg.models_dir, device=cfg.device, **asdict(opts)), cfg)
 
 
-SPEC = StageSpec(NAME, port_offset=2, build=build, cost=1.7, nice=COMPUTE_NICE, options=RetrievalOptions,
+SPEC = StageSpec(NAME, port_offset=2, build=build, cost=1.7, gpu_cost=1.5, nice=COMPUTE_NICE, options=RetrievalOptions,
                  threads=("torch", "faiss"), loads=loads,
                  description="user tower -> query embedding -> FAISS / exact top-k")

@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from recpipe.accel.device import certainly_cpu
 from recpipe.errors import UsageError
 from recpipe.serving.config import METRICS_PORT_OFFSET
 from recpipe.serving.spec import CORES_PER_PROCESS, Registry
@@ -145,17 +146,19 @@ def replicas_arg(text: str) -> str:
     return text.strip()
 
 
-def resolve_replicas(registry: Registry, flag: str | None) -> tuple[dict[str, int], str]:
+def resolve_replicas(registry: Registry, flag: str | None, device: str = "auto") -> tuple[dict[str, int], str]:
     """Processes per stage from ``--replicas`` (None: one each) and a line saying what was chosen;
-    ``UsageError`` for a stage the registry does not have."""
+    ``UsageError`` for a stage the registry does not have. ``auto`` weighs the stages by their CPU per
+    query on ``device`` (a stage computing on a GPU costs its serving alone)."""
     parsed = _parse_replicas(flag or "1")
     if parsed == "auto":
         cores = len(os.sched_getaffinity(0))
-        counts = registry.auto_replicas(cores, MAX_REPLICAS)
+        gpu = not certainly_cpu(device)
+        counts = registry.auto_replicas(cores, MAX_REPLICAS, gpu=gpu)
         why = (f"one process per stage (more from {CORES_PER_PROCESS * (len(registry) + 1)} cores)"
                if max(counts.values()) == 1 else _describe(counts))
-        return counts, f"replicas: auto on {cores} core{'s' * (cores != 1)}: {why} (by each stage's cost; " \
-                       "--replicas STAGE=N to set)"
+        return counts, f"replicas: auto on {cores} core{'s' * (cores != 1)}: {why} (by each stage's cost" \
+                       f"{' with a GPU' if gpu else ''}; --replicas STAGE=N to set)"
     if isinstance(parsed, int):
         counts = {s.name: parsed for s in registry}
     else:

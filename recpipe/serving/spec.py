@@ -57,6 +57,8 @@ class StageSpec:
     threads: tuple[str, ...] = ()
     loads: Callable[[StageConfig], tuple[str, ...]] | None = None
     cost: float = 0.0
+    #: ``cost`` when the stage computes on a GPU (None: the same): its CPU then goes to serving alone
+    gpu_cost: float | None = None
     nice: int = 0
     upstream: tuple[str, ...] = ()
     description: str = ""
@@ -119,18 +121,22 @@ class Registry:
         return {s.name: max(1, round(cores * s.cost / total / n.get(s.name, 1))) if s in computing else 0
                 for s in self}
 
-    def auto_replicas(self, cores: int, most: int) -> dict[str, int]:
+    def auto_replicas(self, cores: int, most: int, gpu: bool = False) -> dict[str, int]:
         """``--replicas auto`` on ``cores`` cores: one process per stage, then, while the processes number
         fewer than ``cores // CORES_PER_PROCESS``, one more for the stage with the most CPU per query per
-        process (``cost`` / its processes), at most ``most`` each. With fewer cores than that takes, every
-        stage keeps one: the processes already share all the cores, and one more adds memory and context
-        switches, no CPU."""
+        process (its cost, ``gpu_cost`` where ``gpu``, over its processes), at most ``most`` each. With
+        fewer cores than that takes, every stage keeps one: the processes already share all the cores,
+        and one more adds memory and context switches, no CPU."""
+
+        def cost(s: StageSpec) -> float:
+            return s.gpu_cost if gpu and s.gpu_cost is not None else s.cost
+
         counts = {s.name: 1 for s in self}
         while sum(counts.values()) < cores // CORES_PER_PROCESS:
-            growing = [s for s in self if s.cost > 0 and counts[s.name] < most]
+            growing = [s for s in self if cost(s) > 0 and counts[s.name] < most]
             if not growing:
                 break
-            busiest = max(growing, key=lambda s: s.cost / counts[s.name])
+            busiest = max(growing, key=lambda s: cost(s) / counts[s.name])
             counts[busiest.name] += 1
         return counts
 

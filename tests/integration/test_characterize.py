@@ -180,10 +180,12 @@ def test_replicas_are_a_setting_that_documents_from_before_it_resume_with() -> N
 
     now = Settings(quick=True, sizes=QUICK, data="d", models="m", data_scale=0.1, data_seed=11,
                    dataset_sha256=None).to_json()
-    assert now["replicas"] == "1"
+    assert now["replicas"] == "auto"
     before = {k: v for k, v in now.items() if k != "replicas"}  # written before --replicas existed
-    assert differences(before, now, RESUMABLE) == []
+    assert differences(before, {**now, "replicas": "1"}, RESUMABLE) == []
+    assert differences(before, now, RESUMABLE) == ["replicas '1' vs 'auto'"]
     assert differences(before, {**now, "replicas": "ranking=2"}, RESUMABLE) == ["replicas '1' vs 'ranking=2'"]
+    assert differences(now, {**now, "generator_processes": 1}, RESUMABLE) == []  # the generator may differ
 
 
 @pytest.mark.slow

@@ -3,6 +3,8 @@ timings, the contract's argument checks, deadlines propagated to every hop, a st
 
 from __future__ import annotations
 
+import time
+
 import grpc
 import numpy as np
 import pytest
@@ -161,15 +163,13 @@ def test_top_n_orders_and_cuts():
     assert top_n(ids, scores, 10)[0].tolist() == [11, 13, 12, 14, 10]
 
 
-def test_gateway_spreads_a_stage_over_several_addresses(toy_chain):
-    """A target naming several addresses (as a dns:/// name with several records resolves to) is
-    balanced round-robin by the gateway's channel."""
+def test_gateway_sends_lone_queries_to_the_first_replica_and_passes_over_one_that_stops(toy_chain):
+    """A target listing several replicas (``recpipe serve --replicas``): the gateway opens a channel to
+    each; lone queries meet the first (warm) replica, and one that stops is passed over."""
     world, st = toy_chain["world"], toy_chain["servers"]
     seen = {"a": 0, "b": 0}
 
     def counting(key):
-        # Count both calls: round-robin alternates per call, so with two replicas AugmentUser may
-        # always land on one and AugmentItems on the other.
         core = ToyFeatureCore(world)
         user, items = core.user_features, core.items_batch
 
@@ -190,12 +190,26 @@ def test_gateway_spreads_a_stage_over_several_addresses(toy_chain):
     addresses = toy_chain["addresses"]
     gateway = st.start(GatewayStage(f"ipv4:127.0.0.1:{a.port},127.0.0.1:{b.port}", addresses["retrieval"],
                                     addresses["ranking"]))
+    running = [gateway, b, a]
     try:
         with grpc.insecure_channel(gateway.address) as channel:
             stub = recommend_pb2_grpc.RecommendServiceStub(channel)
-            for _ in range(20):
+            for _ in range(10):
                 recommend(stub, k=20, n=5)
+            assert seen == {"a": 20, "b": 0}  # both calls of each query, all on the first replica
+            st.stop(running.pop())
+            deadline = time.monotonic() + 5.0
+            while True:  # a call already on its way when the replica went may fail; later ones may not
+                try:
+                    recommend(stub, k=20, n=5)
+                    break
+                except grpc.RpcError:
+                    assert time.monotonic() < deadline, "the gateway kept calling the stopped replica"
+                    time.sleep(0.05)
+            before = seen["b"]
+            for _ in range(10):
+                recommend(stub, k=20, n=5)
+            assert seen["b"] == before + 20 and seen["a"] == 20
     finally:
-        for server in (gateway, a, b):
+        for server in running:
             st.stop(server)
-    assert seen["a"] >= 10 and seen["b"] >= 10, seen

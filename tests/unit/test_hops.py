@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from recpipe.errors import BadRequest, DeadlineExceeded, StageUnavailable
-from recpipe.gateway.hops import Hop, HopConfig, addresses
+from recpipe.gateway.hops import Hop, HopConfig, Route, replica_targets
 
 
 class Stage:
@@ -39,7 +39,7 @@ class Stage:
 
 
 def _hop(stage: Stage, **config: Any) -> Hop[Any, Any]:
-    return Hop("stage.Method", stage.unary, stage.batch, HopConfig(**config))
+    return Hop("stage.Method", [Route(stage.unary, stage.batch)], HopConfig(**config))
 
 
 def test_a_lone_call_goes_alone_at_once_and_the_calls_that_pile_up_go_together() -> None:
@@ -135,11 +135,78 @@ def test_a_cancelled_call_leaves_the_queue() -> None:
     asyncio.run(go())
 
 
-def test_the_calls_out_at_once_default_to_the_addresses_a_target_lists() -> None:
-    assert addresses("ipv4:127.0.0.1:5001,127.0.0.1:5002") == 2
-    assert addresses("127.0.0.1:5001") == 1 and addresses("dns:///ranking:50054") == 1
-    hop = Hop("s.M", Stage().unary, Stage().batch, HopConfig(), replicas=addresses("ipv4:a:1,b:2,c:3"))
-    assert hop.max_in_flight == 3
+def test_a_target_listing_replicas_gives_one_route_each_and_one_call_out_per_replica() -> None:
+    assert replica_targets("ipv4:127.0.0.1:5001,127.0.0.1:5002") == ["ipv4:127.0.0.1:5001", "ipv4:127.0.0.1:5002"]
+    assert replica_targets("ipv6:[::1]:5001,[::1]:5002") == ["ipv6:[::1]:5001", "ipv6:[::1]:5002"]
+    assert replica_targets("127.0.0.1:5001") == ["127.0.0.1:5001"]
+    assert replica_targets("dns:///ranking:50054") == ["dns:///ranking:50054"]
+    stages = [Stage() for _ in range(3)]
+    hop = Hop("s.M", [Route(s.unary, s.batch) for s in stages], HopConfig())
+    assert hop.max_in_flight == 3 and hop.per_route == 1
+    assert Hop("s.M", [Route(s.unary, s.batch) for s in stages], HopConfig(max_in_flight=4)).per_route == 2
+
+
+class Replica(Stage):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = True
+
+
+def _replicas(n: int, **config: Any) -> tuple[list[Replica], Hop[Any, Any]]:
+    replicas = [Replica() for _ in range(n)]
+    routes = [Route(r.unary, r.batch, lambda r=r: r.up) for r in replicas]  # type: ignore[misc]
+    return replicas, Hop("s.M", routes, HopConfig(**config))
+
+
+def test_lone_calls_meet_the_first_replica_and_a_busy_one_passes_the_next_batch_on() -> None:
+    async def go() -> None:
+        (a, b, c), hop = _replicas(3)
+        for r in ("1", "2", "3"):
+            assert await hop(r, None) == f"answer {r}"
+        assert a.sent == [["1"], ["2"], ["3"]] and b.sent == [] and c.sent == []  # the same warm replica
+        a.gate.clear()
+        held = [asyncio.create_task(hop("x", None))]
+        await asyncio.sleep(0.01)
+        assert await hop("y", None) == "answer y"  # a is busy: b takes it, c stays idle
+        assert b.sent == [["y"]] and c.sent == []
+        b.gate.clear()
+        c.gate.clear()
+        for r in ("p", "q"):  # b and c take one each
+            held.append(asyncio.create_task(hop(r, None)))
+            await asyncio.sleep(0.01)
+        assert b.sent[-1] == ["p"] and c.sent == [["q"]]
+        queued = [asyncio.create_task(hop(r, None)) for r in ("r", "s")]
+        await asyncio.sleep(0.01)
+        assert a.sent[-1] == ["x"]  # every replica busy: they wait in the gateway
+        a.gate.set()
+        assert await asyncio.gather(*queued) == ["answer r", "answer s"] and a.sent[-1] == ["r", "s"]
+        b.gate.set()
+        c.gate.set()
+        assert await asyncio.gather(*held) == ["answer x", "answer p", "answer q"]
+        assert hop.sent_per_route == [5, 2, 1]
+
+    asyncio.run(go())
+
+
+def test_a_replica_that_is_down_is_passed_over_and_with_all_down_the_call_fails_at_once() -> None:
+    async def go() -> None:
+        (a, b), hop = _replicas(2)
+        a.up = False
+        assert await hop("1", None) == "answer 1" and a.sent == [] and b.sent == [["1"]]
+        a.up = True
+        assert await hop("2", None) == "answer 2" and a.sent == [["2"]]  # back first in the order
+        a.up = b.up = False
+        assert await hop("3", None) == "answer 3" and a.sent[-1] == ["3"]  # none up: the first is tried
+        (a, b), hop = _replicas(2, max_batch=1)  # unbatched: the replicas in turn, skipping one that is down
+        for r in "1234":
+            await hop(r, None)
+        assert a.sent == [["1"], ["3"]] and b.sent == [["2"], ["4"]]
+        b.up = False
+        await hop("5", None)
+        await hop("6", None)
+        assert a.sent[-2:] == [["5"], ["6"]]
+
+    asyncio.run(go())
 
 
 def test_a_queue_delay_lets_a_lone_call_wait_for_company() -> None:

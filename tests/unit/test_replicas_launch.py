@@ -87,6 +87,13 @@ def test_auto_grows_the_costliest_stages_within_the_cores() -> None:
     big = REGISTRY.auto_replicas(16, launch.MAX_REPLICAS)  # ranking costs most per query, then the gateway
     assert big["ranking"] > big["features"] and big["gateway"] > big["features"]
     assert sum(big.values()) == 8
+    # with a GPU the model stages cost their serving alone (H200: 1.5-1.9 ms of CPU per query each,
+    # the gateway 2.6-2.8), so the gateway is the first to grow
+    gpu = REGISTRY.auto_replicas(16, launch.MAX_REPLICAS, gpu=True)
+    assert sum(gpu.values()) == 8 and gpu["gateway"] >= max(gpu.values()) and gpu["ranking"] < big["ranking"]
+    assert REGISTRY.auto_replicas(10, launch.MAX_REPLICAS, gpu=True)["gateway"] == 2
+    counts, line = launch.resolve_replicas(REGISTRY, "auto", "cpu")
+    assert "with a GPU" not in line
 
 
 def test_threads_auto_are_shared_among_a_stage_replicas() -> None:
