@@ -7,7 +7,8 @@
 - ``DeviceIO.fetch`` copies a device result into a pinned buffer asynchronously, waits for the
   stage's stream once, and returns a numpy copy (the buffer is reused by the next call).
 - ``DeviceIO.stream()``: every core call of a stage process runs on one CUDA stream of its own, not
-  on the legacy default stream (a no-op on the CPU).
+  on the legacy default stream (a no-op on the CPU); ``hand_over`` gives a device result of that
+  stream to a caller on another.
 - ``host_mapped``: a CUDA tensor whose storage stays in pinned host memory, read by the GPU in place
   (zero-copy over UVA: PCIe on x86, NVLink-C2C on Grace Hopper).
 - ``DeviceIO.traffic``: the bytes and copies each way (``recpipe.accel.traffic``). A ``put`` on CUDA
@@ -89,6 +90,19 @@ class DeviceIO:
         if self.cuda:
             self.traffic.add_h2d(host.nbytes)
         return host
+
+    def hand_over(self, result: torch.Tensor) -> torch.Tensor:
+        """A device tensor computed on the stage's stream, made safe for the caller's current stream:
+        that stream waits for this one's work so far, and the allocator keeps the memory until the
+        caller's work on it is done too. Without it a caller's ``.cpu()`` on the default stream could
+        read the tensor before the stage's stream wrote it (a bench computed its recall against stale
+        query vectors that way). A no-op off CUDA."""
+        if self._stream is None or result.device.type != "cuda":
+            return result
+        current = torch.cuda.current_stream(self.device)
+        current.wait_stream(self._stream)
+        result.record_stream(current)
+        return result
 
     def to_device(self, host: torch.Tensor) -> torch.Tensor:
         return host.to(self.device, non_blocking=True)

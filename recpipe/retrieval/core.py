@@ -228,8 +228,10 @@ class RetrievalCore:
             out = self._tower(self.io.put("dense", dense, np.float32, rows), self.io.put("sparse", sparse, np.int64, rows))
             # a graph's output is overwritten by its next replay: the caller gets its own copy
             if self._tower.mode == "graph":
-                return out[:b].clone()
-            return out if rows == b else out[:b]
+                out = out[:b].clone()
+            elif rows != b:
+                out = out[:b]
+        return self.io.hand_over(out)  # computed on the stage's stream, used on the caller's
 
     def retrieve(self, user: UserFeatures, k: int, nprobe: int = 0, ef_search: int = 0) -> Candidates:
         """The k best items for ``user`` (the arguments checked by ``RetrieveQuery``)."""

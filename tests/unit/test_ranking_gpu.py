@@ -59,3 +59,26 @@ def test_cuda_cores_match_the_cpu(features: FeatureCore, small_models: Path) -> 
     assert sum(r.captured for r in searches) >= 2 and not any(r.failed for r in searches), \
         "tower + fp16 search (topk, gather, bmm) did not capture as one CUDA graph; see the warning log"
     assert gpu.predictor._runner is not None and gpu.predictor._runner.failed == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_query_vectors_are_whole_when_the_caller_reads_them_on_its_own_stream(features: FeatureCore,
+                                                                              small_models: Path) -> None:
+    """query_embeddings computes on the stage's stream; a caller's ``.cpu()`` on the default stream
+    must see the finished vectors of that very user (it saw a stale or half-written one before
+    ``DeviceIO.hand_over``: the retrieval bench's truth, and the FAISS path's queries, were off)."""
+    gpu = RetrievalCore.load(small_models, device="cuda", precision="fp32")
+    cpu = RetrievalCore.load(small_models, device="cpu", precision="fp32")
+    users = [features.augment_user(u) for u in range(64)]
+    got = [gpu.query_embeddings(u.dense[None], u.sparse[None]).cpu() for u in users]  # no synchronize between
+    for u, g in zip(users, got, strict=True):
+        torch.testing.assert_close(g, cpu.query_embeddings(u.dense[None], u.sparse[None]), rtol=1e-4, atol=1e-5)
+
+
+def test_hand_over_is_a_no_op_off_cuda() -> None:
+    from recpipe.accel.transfer import DeviceIO
+
+    io = DeviceIO(torch.device("cpu"))
+    t = torch.ones(3)
+    assert io.hand_over(t) is t
