@@ -12,8 +12,8 @@ each run, all runs enqueued back to back, one synchronize, ``elapsed_time`` per 
 ``perf_counter`` around a blocking ``copy_`` and ``torch.cuda.synchronize`` (a plain torch copy, as
 user code does it).
 
-Unverified here: this module was written on a machine without a GPU, and no figure it gives has been
-seen yet. The section's arithmetic and document are tested with a fake timer (tests/unit).
+First run at 435868d on an H200 machine (docs/characterize-data-paths.md); the section's arithmetic
+and document are also tested with a fake timer (tests/unit).
 """
 
 from __future__ import annotations

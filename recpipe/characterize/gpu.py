@@ -2,7 +2,7 @@
 
 Samples ``nvidia-smi --query-gpu=utilization.gpu`` (else ``torch.cuda.utilization()``, which asks NVML
 too) every ``interval_s``. Without a GPU, or on a CPU-only run, nothing is sampled and the result says
-why. The path that samples is unverified here: it was written without a GPU at hand.
+why. It sampled on the H200 runs of BENCHMARKS.md.
 """
 
 from __future__ import annotations
