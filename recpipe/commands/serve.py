@@ -281,7 +281,7 @@ def summary(supervisor: Supervisor, stages: list[StageProcess], host: str) -> st
     for stage, names in supervisor.replicas().items():
         if len(names) > 1:
             target = supervisor.addresses()[stage]
-            how = ("every address in its callers' target, balanced per call (round_robin)"
+            how = ("every address in its callers' target; each batch call to the first free replica"
                    if target.startswith(("ipv4:", "ipv6:")) else
                    "sharing one port (SO_REUSEPORT: the kernel spreads client connections; one client "
                    f"process reaches them all, per call, at {direct_target(stages, stage)})")

@@ -10,10 +10,10 @@ cores and each stage's ``cost``: ``Registry.auto_replicas``), because one Python
 GIL at about a core of gRPC and asyncio work. How its callers reach them depends on who calls it:
 
 - a stage that other stages call gets one port per replica (its port, + ``REPLICA_PORT_STRIDE``, ...),
-  and its callers get every address in one target, ``ipv4:127.0.0.1:50054,127.0.0.1:50154``: their
-  channels' ``round_robin`` spreads the calls one by one over the replicas and skips one that is down.
-  Per call, not per connection: a gateway holds one channel per stage, so balancing its connections
-  would pin all of a stage's calls from one gateway to one replica.
+  and its callers get every address in one target, ``ipv4:127.0.0.1:50054,127.0.0.1:50154``: the
+  gateway opens a channel per address and sends each batch to the first free replica, passing over
+  one that is down (``recpipe.gateway.hops``). Per call, not per connection: balancing a gateway's
+  connections would pin all of a stage's calls from one gateway to one replica.
 - the entry stage, which clients outside the chain call at one published address, shares that port
   among its replicas (SO_REUSEPORT, an opt-in for these processes only) and the kernel spreads the
   client connections; each replica also listens alone on its own port for its supervisor's health

@@ -10,9 +10,9 @@ serving process dies or freezes, and the standby binds the port and reports SERV
 instead of a new process spending seconds on imports and loading while the chain is down.
 
 A replica (``cfg.bind_after_load``: ``recpipe serve --replicas``) also loads before it takes its port,
-then serves at once: its callers balance over every replica's address (round_robin), and a connection
-that cannot be made yet keeps a loading replica out of their rotation, where a bound but loading one
-would be handed calls it can only refuse.
+then serves at once: its callers reach every replica's address, and a connection that cannot be made
+yet keeps a loading replica out of their choice, where a bound but loading one would be handed calls it
+can only refuse.
 """
 
 from __future__ import annotations

@@ -80,17 +80,34 @@ def requests_total(metrics_url: str, method: str) -> float:
     return 0.0
 
 
-def until_each_takes_calls(gateway: str, metrics_urls: list[str], method: str, timeout: float = 30.0) -> list[float]:
-    """Recommend through ``gateway`` until every one of the replicas behind ``metrics_urls`` has counted
-    a ``method`` call (a replica joins its callers' round robin once their channel has connected to it:
-    within their reconnect backoff, about a second, of its taking its port); their counts."""
+def until_each_takes_calls(gateway: str, metrics_urls: list[str], method: str, timeout: float = 30.0,
+                           clients: int = 8) -> list[float]:
+    """Recommend through ``gateway`` from ``clients`` concurrent clients until every one of the replicas
+    behind ``metrics_urls`` has counted a ``method`` call; their counts. Concurrent: the gateway sends
+    each batch to the first replica with none of its calls out, so lone calls all meet the first, and
+    a later one works once the first is busy (or once it has connected: a replica that has just taken
+    its port is passed over until the gateway's channel to it is up, within its reconnect backoff)."""
     deadline = time.monotonic() + timeout
-    with RecommendClient(gateway, timeout=30) as client:
+    done = threading.Event()
+
+    def drive(user: int) -> None:
+        with RecommendClient(gateway, timeout=30) as client:
+            while not done.is_set():
+                client.recommend(user, 50, 5)
+
+    threads = [threading.Thread(target=drive, args=(i,), daemon=True) for i in range(clients)]
+    for t in threads:
+        t.start()
+    try:
         while True:
-            client.recommend(1, 50, 5)
             counts = [requests_total(url, method) for url in metrics_urls]
-            if min(counts) > 0 or time.monotonic() > deadline:
+            if min(counts) > 0 or time.monotonic() > deadline or not any(t.is_alive() for t in threads):
                 return counts
+            time.sleep(0.05)
+    finally:
+        done.set()
+        for t in threads:
+            t.join(30)
 
 
 def new_connections(target: str, count: int) -> list[grpc.Channel]:
@@ -177,7 +194,7 @@ class Caller(threading.Thread):
 def test_ranking_replicas_share_the_calls_and_a_killed_one_is_restarted_while_the_chain_answers(
         small_models: Path, small_dataset: Path) -> None:
     # No standbys: a killed replica comes back as a new process, which loads before it takes its port,
-    # so for seconds the chain has one ranking replica, and the gateway's round_robin must skip the other.
+    # so for seconds the chain has one ranking replica, and the gateway must pass over the other.
     argv = ["serve", "--models", str(small_models), "--data", str(small_dataset), "--port", "0",
             "--metrics-port", "0", "--threads", "1", "--grace", "2", "--ranking-precision", "fp32",
             "--no-warm-standby", "--replicas", "ranking=2,gateway=2"]
@@ -199,7 +216,7 @@ def test_ranking_replicas_share_the_calls_and_a_killed_one_is_restarted_while_th
                 channel.close()
         served = [requests_total(s.rows[f"gateway#{k}"]["metrics"], "RecommendService/Recommend") for k in (1, 2)]
         assert sum(served) == 16 and min(served) > 0, served
-        # the gateway spreads its Rank calls over both ranking replicas
+        # under concurrent load the gateway's Rank calls reach both ranking replicas
         ranked = until_each_takes_calls(gateway, [r["metrics"] for r in ranking], rank)
         assert min(ranked) > 0, ranked
 
