@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="retrieval and ranking device (and the benches')")
     parser.add_argument("--threads", type=threads_arg, default=None, help=THREADS_HELP)
     parser.add_argument("--replicas", type=replicas_arg, default="auto", metavar="STAGE=N[,...]|N|auto",
-                        help=REPLICAS_HELP + " (default auto here: the chain as this machine can run it)")
+                        help=REPLICAS_HELP + ". Default auto: the chain as this machine can run it")
     parser.add_argument("--workers", type=int, default=0, help="serve --workers for every stage")
     parser.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
                         help="one more argument for every stage's serve command, e.g. --serve-arg=--max-batch=8 "

@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="auto|cpu|cuda for retrieval and ranking")
     parser.add_argument("--threads", type=threads_arg, default=None, help=THREADS_HELP)
     parser.add_argument("--replicas", type=replicas_arg, default=None, metavar="STAGE=N[,...]|N|auto",
-                        help=REPLICAS_HELP)
+                        help=REPLICAS_HELP + ". Default 1 each")
     parser.add_argument("--seed", type=int, default=0, help="seed of the query user ids")
 
 

@@ -72,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "stage's memory twice)")
     parser.add_argument("--standby", action="store_true", help=argparse.SUPPRESS)  # what the supervisor passes
     parser.add_argument("--replicas", type=replicas_arg, default=None, metavar="STAGE=N[,...]|N|auto",
-                        help=f"--stage all: {REPLICAS_HELP}")
+                        help=f"--stage all: {REPLICAS_HELP}. Default 1 each")
     parser.add_argument("--bind-after-load", action="store_true",
                         help="--stage NAME: take the port only once loaded (a replica: callers balancing over "
                              "several never pick one still loading)")

@@ -139,9 +139,11 @@ class Hop(Generic[Req, Res]):
             await asyncio.sleep(0)  # let the calls that are already on their way join this batch
             if cfg.max_queue_delay_us and len(self._queue) < cfg.max_batch:
                 await gather(self._queue, self._wake, cfg.max_batch, cfg.max_queue_delay_us / 1e6)
-            route = self._free_route()  # only sends ending free routes meanwhile: never None here
+            route = self._free_route()  # None if the route found free went down meanwhile: wait again
+            if route is None:
+                continue
             batch = self._take(cfg.max_batch)
-            if batch and route is not None:
+            if batch:
                 self._in_flight += 1
                 self._out[route] += 1
                 task = asyncio.get_running_loop().create_task(self._send(batch, route))

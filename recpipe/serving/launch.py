@@ -106,7 +106,7 @@ def allocate_ports(registry: Registry, host: str, base: int, metrics_flag: int |
 #: ``--replicas`` help, shared by every command that starts the chain.
 REPLICAS_HELP = (f"processes per stage: STAGE=N[,STAGE=N...] (the others 1; N up to {MAX_REPLICAS}), N for "
                  f"every stage, or auto (one process per {CORES_PER_PROCESS} cores, shared by each stage's "
-                 "cost; 1 each below that). Default 1 each")
+                 "cost on the device it uses; 1 each below that)")
 
 _NAMED = re.compile(r"^([A-Za-z_][\w-]*)=(\d+)$")
 

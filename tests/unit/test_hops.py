@@ -221,3 +221,21 @@ def test_a_queue_delay_lets_a_lone_call_wait_for_company() -> None:
         assert stage.sent == [["a", "b"]]  # the batch filled: sent before the delay ran out
 
     asyncio.run(go())
+
+
+def test_a_replica_that_goes_down_as_its_batch_is_cut_loses_no_call() -> None:
+    async def go() -> None:
+        (a, b), hop = _replicas(2)
+        a.gate.clear()
+        held = asyncio.create_task(hop("held", None))  # a busy
+        await asyncio.sleep(0.01)
+        looks = iter([True])  # b looks up once, when the worker finds it free, then is down
+        hop.routes[1] = Route(b.unary, b.batch, lambda: next(looks, False))
+        late = asyncio.create_task(hop("late", None))
+        await asyncio.sleep(0.01)
+        assert b.sent == [] and not late.done()  # not sent to b, and still queued
+        a.gate.set()
+        assert await asyncio.wait_for(late, 1.0) == "answer late" and a.sent[-1] == ["late"]
+        assert await held == "answer held"
+
+    asyncio.run(go())
