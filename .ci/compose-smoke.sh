@@ -9,8 +9,10 @@
 # the stack up with docker-compose.hostnet.yml (host networking, every address 127.0.0.1, two ranking
 # replicas) at a small scale, every container as user 10001 with a read-only root filesystem and no
 # capabilities (checked); waits, bounded, for every service to be healthy; sends a Recommend and
-# `recpipe querygen --queries 200` (0 errors) from the host; checks that both ranking replicas served
-# Rank calls (their Prometheus counters), and that a second `up` does not retrain; `down -v`; then
+# `recpipe querygen --queries 200` (0 errors) from the host, then a closed loop of 8 clients; checks
+# that both ranking replicas served Rank calls (their Prometheus counters: lone queries all meet the
+# first, the second takes batches while the first is busy), and that a second `up` does not retrain;
+# `down -v`; then
 # runs deploy/k8s/pod-check.py (the cpu overlay's pods as containers of the same image).
 # Where dockerd cannot start it says so and exits 0 (the only skip); anything else that fails, fails.
 #
@@ -208,6 +210,10 @@ read -r queries errors < <(python3 -c "import json,sys; d=json.load(open(sys.arg
   "$WORK/querygen.json")
 [ "$queries" = 200 ] && [ "$errors" = 0 ] || fail "querygen: $queries queries, $errors errors"
 timed "querygen 200 queries" "$(since "$t")"
+# the gateway sends each Rank batch to the first ranking replica with none of its calls out: lone
+# queries all meet ranking, and ranking-2 works once queries overlap
+host_recpipe querygen --target 127.0.0.1:50051 --mode closed --concurrency 8 --duration 3 \
+  --out "$WORK/closed.json" --force --quiet || fail "recpipe querygen --mode closed"
 
 rank_calls() {  # rank_calls METRICS_PORT: Rank RPCs the ranking server on that port received
   python3 - "$1" <<'EOF'
