@@ -25,8 +25,8 @@ class GatewayOptions(StageOptions):
                                                             f"call, at most (1 = every call alone; default {DEFAULT_HOP_MAX_BATCH})")
     hop_queue_delay_us: int = option(0, help="gateway: how long a stage call may wait for others to batch with, in µs "
                                              "(0 = send what is queued, so a lone query never waits; default 0)")
-    hop_max_in_flight: int = option(0, help="gateway: batch calls out at once per stage method (default 0 = one per "
-                                            "address the stage's target lists)")
+    hop_max_in_flight: int = option(0, help="gateway: batch calls out at once per stage method, spread evenly over its "
+                                            "replicas (default 0 = one per replica)")
 
     def __post_init__(self) -> None:
         if self.max_in_flight < 1:
