@@ -137,8 +137,12 @@ def _slo(bound: float) -> Callable[[Run], str]:
 
 
 def _gpu_busy(run: Run) -> str:
-    busy = (run.sections.get("sweep") or {}).get("gpu_busy") or {}
-    return f"{busy['busy_fraction']:.2f}" if busy.get("measured") else "-"
+    sweep = run.sections.get("sweep") or {}
+    busy = sweep.get("gpu_busy") or {}
+    if not busy.get("measured"):
+        return "-"
+    peak = sweep.get("peak_gpu_busy")
+    return f"{busy['busy_fraction']:.2f}" + (f" ({peak:.2f} at the peak)" if peak is not None else "")
 
 
 def _served(run: Run) -> str:
@@ -191,7 +195,7 @@ def summary(runs: list[Run]) -> list[str]:
         ("CPU ms per query: features / retrieval / ranking / gateway / querygen", _cpu),
         ("peak closed loop", _peak),
         *[(f"highest rate with p99 ≤ {b:g} ms (q/s)", _slo(b)) for b in _bounds(runs)],
-        ("GPU busy at the peak", _gpu_busy),
+        ("GPU busy over the sweep (at its peak, where sampled per point)", _gpu_busy),
         ("rank 1 × 500 in process, fp32 (ms)", _rank_batch(1)),
         ("rank 32 × 500 in process, fp32, per query (ms)", _rank_batch(32)),
         ("retrieve k = 500 in process: served / exact flat (ms)", _retrieval),

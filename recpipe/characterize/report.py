@@ -212,7 +212,9 @@ def _cpu_table(head: str, cpu: dict[str, float | None]) -> list[str]:
 def _gpu_line(block: dict[str, Any]) -> list[str]:
     g = block.get("gpu_busy") or {}
     if g.get("measured"):
-        return [f"GPU busy fraction: {g['busy_fraction']:.2f} ({g['samples']} samples)", ""]
+        peak = block.get("peak_gpu_busy")
+        at_peak = f"; {peak:.2f} at the peak ({block.get('peak_concurrency')} clients)" if peak is not None else ""
+        return [f"GPU busy fraction: {g['busy_fraction']:.2f} ({g['samples']} samples){at_peak}", ""]
     return [f"GPU busy fraction: unmeasured ({g.get('reason', '?')})", ""]
 
 

@@ -213,9 +213,12 @@ def sequential_section(settings: Settings, ch: Chain) -> dict[str, Any]:
     }
 
 
-def sweep_section(settings: Settings, ch: Chain, time_left: Callable[[], float]) -> dict[str, Any]:
+def sweep_section(settings: Settings, ch: Chain, time_left: Callable[[], float], gpu: bool = False) -> dict[str, Any]:
     """Closed loop at 1, 2, 4, ... clients until throughput stops rising, p99 passes the bound, the
-    largest concurrency is reached or the budget is spent."""
+    largest concurrency is reached or the budget is spent. With ``gpu``, each point's GPU busy fraction
+    too (``gpu_busy``; the section's own is over the whole sweep), so the peak's is known."""
+    from recpipe.characterize.gpu import BusySampler
+
     s = settings.sizes
     points: list[dict[str, Any]] = []
     stop = f"reached {s.max_concurrency} clients"
@@ -226,13 +229,14 @@ def sweep_section(settings: Settings, ch: Chain, time_left: Callable[[], float])
             stop = "budget spent"
             break
         say(f"sweep: {c} client{'s' * (c != 1)} for {s.point_s:g} s")
-        doc, cpu = _measure(ch, _config(settings, ch.gateway, mode="closed", concurrency=c, duration=s.point_s))
+        with BusySampler(gpu, interval_s=0.25) as busy:
+            doc, cpu = _measure(ch, _config(settings, ch.gateway, mode="closed", concurrency=c, duration=s.point_s))
         e2e = doc["end_to_end"]
         points.append({"concurrency": c, "throughput": doc["achieved_rate"], "queries": doc["queries"],
                        "errors": doc["errors"], "p50_us": e2e["p50_us"], "p99_us": e2e["p99_us"],
                        "stages": {st: {"p50_us": doc["stages"][st]["p50_us"], "p99_us": doc["stages"][st]["p99_us"]}
                                   for st in STEPS},
-                       "cpu_s_per_query": cpu})
+                       "cpu_s_per_query": cpu, "gpu_busy": busy.result().get("busy_fraction")})
         say(f"sweep: {c} clients -> {doc['achieved_rate']:.1f} q/s, p99 {e2e['p99_us'] / 1000:.2f} ms")
         if e2e["p99_us"] > s.sweep_p99_ms * 1000:
             stop = f"p99 {e2e['p99_us'] / 1000:.2f} ms passed the {s.sweep_p99_ms:g} ms bound"
@@ -245,7 +249,8 @@ def sweep_section(settings: Settings, ch: Chain, time_left: Callable[[], float])
     peak = max(points, key=lambda p: p["throughput"]) if points else None
     return {"points": points, "stop_reason": stop, "min_gain": MIN_GAIN, "p99_bound_ms": s.sweep_p99_ms,
             "peak_throughput": peak["throughput"] if peak else None,
-            "peak_concurrency": peak["concurrency"] if peak else None}
+            "peak_concurrency": peak["concurrency"] if peak else None,
+            "peak_gpu_busy": peak.get("gpu_busy") if peak else None}
 
 
 def slo_section(settings: Settings, ch: Chain, start_rate: float | None,

@@ -58,6 +58,8 @@ def test_characterize_quick_resumes_reports_and_compares(
     assert [p["concurrency"] for p in points] == [2 ** i for i in range(len(points))]
     assert all(p["throughput"] > 0 and set(p["stages"]) == set(STEPS) for p in points)
     assert sec["sweep"]["stop_reason"]
+    # a CPU run samples no GPU, point by point either
+    assert all(p["gpu_busy"] is None for p in points) and sec["sweep"]["peak_gpu_busy"] is None
     searches = sec["slo"]["searches"]
     assert [x["p99_bound_ms"] for x in searches] == s["sizes"]["slo_bounds_ms"]
     assert all(1 <= len(x["curve"]) <= s["sizes"]["slo_max_steps"] for x in searches)
@@ -234,6 +236,34 @@ def test_gpu_busy_sampling_skips_cleanly_without_a_gpu() -> None:
         with BusySampler(True, interval_s=0.01) as s:
             pass
         assert s.result()["measured"] is False and s.result()["reason"]
+
+
+def test_gpu_busy_samples_average_and_the_sweep_reports_its_peak(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sampler's arithmetic with a reading that stands in for nvidia-smi, and how the report and
+    BENCHMARKS.md's table show the sweep's average beside its peak point's."""
+    import importlib.util
+    import time
+
+    from recpipe.characterize import gpu, report
+
+    readings = iter([30.0, 50.0])
+    monkeypatch.setattr(gpu, "_smi_reader", lambda: lambda: next(readings, 50.0))
+    with gpu.BusySampler(True, interval_s=0.01) as s:
+        time.sleep(0.1)
+    got = s.result()
+    assert got["measured"] and got["samples"] >= 2 and 0.3 < got["busy_fraction"] <= 0.5
+    sweep = {"gpu_busy": {"measured": True, "samples": 20, "busy_fraction": 0.42}, "peak_gpu_busy": 0.61,
+             "peak_concurrency": 64}
+    assert report._gpu_line(sweep)[0] == "GPU busy fraction: 0.42 (20 samples); 0.61 at the peak (64 clients)"
+    assert report._gpu_line({**sweep, "peak_gpu_busy": None})[0] == "GPU busy fraction: 0.42 (20 samples)"
+    spec = importlib.util.spec_from_file_location("benchmark_tables", Path(__file__).parents[2] / "benchmarks" / "tables.py")
+    assert spec and spec.loader
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    run = type("R", (), {"sections": {"sweep": sweep}})()
+    assert tables._gpu_busy(run) == "0.42 (0.61 at the peak)"
+    run.sections = {"sweep": {**sweep, "peak_gpu_busy": None}}
+    assert tables._gpu_busy(run) == "0.42"
 
 
 @pytest.mark.parametrize("flags, message", [
