@@ -65,9 +65,13 @@ class _StageClient:
     def _hop(self, stub_class: Callable[[aio.Channel], Any], method: str, batch_request: Callable[..., Any]) -> Hop[Any, Any]:
         """The calls of ``method`` through a ``Hop``: one ``<method>Batch`` RPC (entries in
         ``batch_request``) for the calls in flight, ``method`` for a call alone, on each replica."""
-        routes = [self._route(stub_class(ch), method, batch_request, ch if len(self.replica_channels) > 1 else None)
+        several = len(self.replica_channels) > 1
+        routes = [self._route(stub_class(ch), method, batch_request, ch if several else None)
                   for ch in self.replica_channels]
-        hop: Hop[Any, Any] = Hop(f"{self.stage}.{method}", routes, self._hop_config)
+        # while no replica's own channel is connected (at start, or after a restart), the balanced
+        # channel, which the readiness checks prove connected, carries the calls
+        fallback = self._route(stub_class(self._channel), method, batch_request, None) if several else None
+        hop: Hop[Any, Any] = Hop(f"{self.stage}.{method}", routes, self._hop_config, fallback)
         self.hops[method] = hop
         return hop
 

@@ -17,7 +17,9 @@ of the stages' dynamic batcher (``recpipe.serving.batcher``), with the same knob
   order, that has no call out and whose channel is up: one batch per replica at a time, as an
   inference server gives one batch to each model instance, and at low load every query meets the same
   warm process instead of visiting each replica in turn (a round-robin channel also sends a second
-  batch to a busy replica while another is idle);
+  batch to a busy replica while another is idle); while no replica's own channel is up (they are
+  still connecting, or all down) the calls take the ``fallback`` route, the balanced channel that the
+  gateway's readiness checks go over;
 - each call gets its own answer or its own error; a call whose deadline passes while queued is
   answered DEADLINE_EXCEEDED without being sent, and a cancelled one is dropped.
 """
@@ -39,6 +41,8 @@ from recpipe.serving.batcher import gather
 Req = TypeVar("Req")
 Res = TypeVar("Res")
 
+#: ``Hop._free_route``'s answer for the fallback route
+_FALLBACK = -1
 #: ``send_batch(requests, timeouts_us, timeout)`` -> one answer or domain error per request
 BatchSend = Callable[[list[Any], list[int], float | None], Awaitable[Sequence[Any]]]
 
@@ -75,11 +79,12 @@ class Hop(Generic[Req, Res]):
     """One stage method's calls from the gateway (see the module doc). ``unary(request, timeout)`` and
     ``batch(requests, timeouts_us, timeout)`` raise or return domain errors, never gRPC ones."""
 
-    def __init__(self, name: str, routes: Sequence[Route], config: HopConfig) -> None:
+    def __init__(self, name: str, routes: Sequence[Route], config: HopConfig, fallback: Route | None = None) -> None:
         if not routes:
             raise ValueError(f"{name}: a hop needs at least one route")
         self.name = name
         self.routes = list(routes)
+        self.fallback = fallback
         self.config = config
         self.max_in_flight = config.max_in_flight or len(self.routes)
         #: batch calls out at once on one route
@@ -101,8 +106,10 @@ class Hop(Generic[Req, Res]):
         if self.config.max_batch <= 1:  # unbatched: each call at once, the replicas taken in turn
             self._turn += 1
             n = len(self.routes)
-            turn = next((i % n for i in range(self._turn, self._turn + n) if self.routes[i % n].up()), self._turn % n)
-            return await self.routes[turn].unary(request, timeout)  # type: ignore[no-any-return]
+            turn = next((i % n for i in range(self._turn, self._turn + n) if self.routes[i % n].up()), None)
+            if turn is None:
+                turn = _FALLBACK if self.fallback is not None else self._turn % n
+            return await self._route(turn).unary(request, timeout)  # type: ignore[no-any-return]
         loop = asyncio.get_running_loop()
         if self._worker is None:
             self._wake = asyncio.Event()
@@ -145,15 +152,23 @@ class Hop(Generic[Req, Res]):
             batch = self._take(cfg.max_batch)
             if batch:
                 self._in_flight += 1
-                self._out[route] += 1
+                if route != _FALLBACK:
+                    self._out[route] += 1
                 task = asyncio.get_running_loop().create_task(self._send(batch, route))
                 self._sends.add(task)
                 task.add_done_callback(self._sends.discard)
 
+    def _route(self, index: int) -> Route:
+        if index == _FALLBACK:
+            assert self.fallback is not None
+            return self.fallback
+        return self.routes[index]
+
     def _free_route(self) -> int | None:
         """The first route (in their fixed order) with room for a batch call and a channel that is up;
-        where no route is up, the first with room (its call fails at once, as the stage is down); None
-        while the calls out fill ``max_in_flight`` or every route that is up is busy."""
+        where no route is up, the fallback (``_FALLBACK``), else the first with room (its call fails at
+        once, as the stage is down); None while the calls out fill ``max_in_flight`` or every route
+        that is up is busy."""
         if self._in_flight >= self.max_in_flight:
             return None
         first_with_room = None
@@ -166,7 +181,9 @@ class Hop(Generic[Req, Res]):
                     return i
                 if first_with_room is None:
                     first_with_room = i
-        return None if any_up else first_with_room
+        if any_up:
+            return None
+        return _FALLBACK if self.fallback is not None else first_with_room
 
 
     def _take(self, n: int) -> list[_Call]:
@@ -184,7 +201,7 @@ class Hop(Generic[Req, Res]):
         return batch
 
     async def _send(self, batch: list[_Call], index: int) -> None:
-        route = self.routes[index]
+        route = self._route(index)
         now = time.monotonic()
         lefts = [None if c.deadline is None else max(c.deadline - now, 1e-6) for c in batch]
         timeout = None if any(t is None for t in lefts) else max(t for t in lefts if t is not None)
@@ -200,10 +217,12 @@ class Hop(Generic[Req, Res]):
             answers = [e] * len(batch)
         finally:
             self._in_flight -= 1
-            self._out[index] -= 1
+            if index != _FALLBACK:
+                self._out[index] -= 1
             if self._wake is not None:
                 self._wake.set()
-        self.sent_per_route[index] += 1
+        if index != _FALLBACK:
+            self.sent_per_route[index] += 1
         self.batches += 1
         self.calls += len(batch)
         for call, answer in zip(batch, answers, strict=True):

@@ -213,3 +213,32 @@ def test_gateway_sends_lone_queries_to_the_first_replica_and_passes_over_one_tha
     finally:
         for server in running:
             st.stop(server)
+
+
+def test_the_first_call_after_serving_meets_replicas_that_bound_after_the_gateway(toy_chain):
+    """Replicas load before they take their ports, so a gateway's channels to them start failing and
+    back off; once the gateway says SERVING (its readiness checks went over its balanced channel), the
+    first Recommend must be answered even if no replica's own channel has reconnected yet."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    world, st = toy_chain["world"], toy_chain["servers"]
+    ports = [free_port(), free_port()]
+    addresses = toy_chain["addresses"]
+    gateway = st.start(GatewayStage(f"ipv4:127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}", addresses["retrieval"],
+                                    addresses["ranking"]))
+    running = [gateway]
+    try:
+        time.sleep(0.3)  # the gateway's channels to the replicas have failed to connect and back off
+        running += [st.start(FeatureStage(lambda: ToyFeatureCore(world)), port=p) for p in ports]
+        with grpc.insecure_channel(gateway.address) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            deadline = time.monotonic() + 10
+            while health.Check(health_pb2.HealthCheckRequest(), timeout=5).status != health_pb2.HealthCheckResponse.SERVING:
+                assert time.monotonic() < deadline, "the gateway never became SERVING"
+                time.sleep(0.01)
+            stub = recommend_pb2_grpc.RecommendServiceStub(channel)
+            for _ in range(5):
+                assert len(recommend(stub, k=20, n=5).item_ids) == 5
+    finally:
+        for server in reversed(running):
+            st.stop(server)

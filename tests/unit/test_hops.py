@@ -239,3 +239,20 @@ def test_a_replica_that_goes_down_as_its_batch_is_cut_loses_no_call() -> None:
         assert await held == "answer held"
 
     asyncio.run(go())
+
+
+def test_while_no_replica_is_connected_the_balanced_channel_carries_the_calls() -> None:
+    async def go() -> None:
+        replicas = [Replica(), Replica()]
+        balanced = Stage()
+        routes = [Route(r.unary, r.batch, lambda r=r: r.up) for r in replicas]  # type: ignore[misc]
+        for max_batch in (32, 1):
+            for r in replicas:
+                r.up = False
+            hop: Hop[Any, Any] = Hop("s.M", routes, HopConfig(max_batch=max_batch), Route(balanced.unary, balanced.batch))
+            assert await hop("early", None) == "answer early" and balanced.sent[-1] == ["early"]
+            replicas[1].up = True
+            assert await hop("later", None) == "answer later" and replicas[1].sent[-1] == ["later"]
+        assert replicas[0].sent == [] and len(balanced.sent) == 2
+
+    asyncio.run(go())
