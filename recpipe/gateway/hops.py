@@ -185,7 +185,6 @@ class Hop(Generic[Req, Res]):
             return None
         return _FALLBACK if self.fallback is not None else first_with_room
 
-
     def _take(self, n: int) -> list[_Call]:
         """Up to ``n`` live calls from the head of the queue; expired ones are answered and dropped."""
         batch: list[_Call] = []
