@@ -76,6 +76,15 @@ class BusySampler:
             if value is not None:
                 self._samples.append(value)
 
+    def mark(self) -> int:
+        """Where the samples stand now, for ``fraction_since`` (a part of the stretch, e.g. a sweep point)."""
+        return len(self._samples)
+
+    def fraction_since(self, mark: int) -> float | None:
+        """The busy fraction of the samples read since ``mark`` (None: none was)."""
+        part = self._samples[mark:]
+        return round(sum(part) / len(part) / 100, 4) if part else None
+
     def result(self) -> dict[str, Any]:
         if self._read is None:
             return {"measured": False, "reason": self._why_not or "not sampled"}

@@ -63,7 +63,7 @@ def run(settings: Settings, out: Path, doc: dict[str, Any], log_level: str) -> d
                     if name == "sequential":
                         block = sections.sequential_section(settings, ch)
                     elif name == "sweep":
-                        block = sections.sweep_section(settings, ch, time_left, gpu=gpu_wanted)
+                        block = sections.sweep_section(settings, ch, time_left, busy=gpu)
                     else:
                         peak = (done.get("sweep") or {}).get("peak_throughput")
                         block = sections.slo_section(settings, ch, peak, time_left)

@@ -20,6 +20,7 @@ from typing import Any
 from recpipe.accel.traffic import KEY as TRAFFIC_KEY
 from recpipe.accel.traffic import Traffic
 from recpipe.characterize import cputime, datapaths, micro, ranking_batches
+from recpipe.characterize.gpu import BusySampler
 from recpipe.characterize.settings import MIN_GAIN, Settings
 from recpipe.config import STEPS
 from recpipe.querygen.session import MIN_STEP_QUERIES
@@ -213,12 +214,12 @@ def sequential_section(settings: Settings, ch: Chain) -> dict[str, Any]:
     }
 
 
-def sweep_section(settings: Settings, ch: Chain, time_left: Callable[[], float], gpu: bool = False) -> dict[str, Any]:
+def sweep_section(settings: Settings, ch: Chain, time_left: Callable[[], float],
+                  busy: BusySampler | None = None) -> dict[str, Any]:
     """Closed loop at 1, 2, 4, ... clients until throughput stops rising, p99 passes the bound, the
-    largest concurrency is reached or the budget is spent. With ``gpu``, each point's GPU busy fraction
-    too (``gpu_busy``; the section's own is over the whole sweep), so the peak's is known."""
-    from recpipe.characterize.gpu import BusySampler
-
+    largest concurrency is reached or the budget is spent. With ``busy`` (the section's GPU sampler),
+    each point's GPU busy fraction too (``gpu_busy``: its samples during that point), so the peak's is
+    known."""
     s = settings.sizes
     points: list[dict[str, Any]] = []
     stop = f"reached {s.max_concurrency} clients"
@@ -229,14 +230,14 @@ def sweep_section(settings: Settings, ch: Chain, time_left: Callable[[], float],
             stop = "budget spent"
             break
         say(f"sweep: {c} client{'s' * (c != 1)} for {s.point_s:g} s")
-        with BusySampler(gpu, interval_s=0.25) as busy:
-            doc, cpu = _measure(ch, _config(settings, ch.gateway, mode="closed", concurrency=c, duration=s.point_s))
+        mark = busy.mark() if busy is not None else 0
+        doc, cpu = _measure(ch, _config(settings, ch.gateway, mode="closed", concurrency=c, duration=s.point_s))
         e2e = doc["end_to_end"]
         points.append({"concurrency": c, "throughput": doc["achieved_rate"], "queries": doc["queries"],
                        "errors": doc["errors"], "p50_us": e2e["p50_us"], "p99_us": e2e["p99_us"],
                        "stages": {st: {"p50_us": doc["stages"][st]["p50_us"], "p99_us": doc["stages"][st]["p99_us"]}
                                   for st in STEPS},
-                       "cpu_s_per_query": cpu, "gpu_busy": busy.result().get("busy_fraction")})
+                       "cpu_s_per_query": cpu, "gpu_busy": busy.fraction_since(mark) if busy is not None else None})
         say(f"sweep: {c} clients -> {doc['achieved_rate']:.1f} q/s, p99 {e2e['p99_us'] / 1000:.2f} ms")
         if e2e["p99_us"] > s.sweep_p99_ms * 1000:
             stop = f"p99 {e2e['p99_us'] / 1000:.2f} ms passed the {s.sweep_p99_ms:g} ms bound"

@@ -76,8 +76,8 @@ class _Call:
 
 
 class Hop(Generic[Req, Res]):
-    """One stage method's calls from the gateway (see the module doc). ``unary(request, timeout)`` and
-    ``batch(requests, timeouts_us, timeout)`` raise or return domain errors, never gRPC ones."""
+    """One stage method's calls from the gateway (see the module doc), over ``routes`` (one per replica)
+    and ``fallback``; a route's ``unary`` and ``batch`` raise or return domain errors, never gRPC ones."""
 
     def __init__(self, name: str, routes: Sequence[Route], config: HopConfig, fallback: Route | None = None) -> None:
         if not routes:

@@ -176,8 +176,9 @@ def _describe(counts: Mapping[str, int]) -> str:
 
 def replica_target(addresses: Sequence[str]) -> str:
     """The gRPC target that reaches every one of ``addresses`` (``host:port``, IPv6 in brackets): the
-    address itself for one, else the ``ipv4:`` / ``ipv6:`` list that a round_robin channel balances over
-    call by call. Several need IP addresses (gRPC lists only addresses)."""
+    address itself for one, else the ``ipv4:`` / ``ipv6:`` list (the gateway's hops split it into a
+    channel per replica, ``recpipe.gateway.hops.replica_targets``; other clients' round_robin channel
+    balances over it call by call). Several need IP addresses (gRPC lists only addresses)."""
     unique = list(dict.fromkeys(addresses))
     if len(unique) == 1:
         return unique[0]

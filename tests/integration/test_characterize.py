@@ -252,6 +252,8 @@ def test_gpu_busy_samples_average_and_the_sweep_reports_its_peak(monkeypatch: py
         time.sleep(0.1)
     got = s.result()
     assert got["measured"] and got["samples"] >= 2 and 0.3 < got["busy_fraction"] <= 0.5
+    assert s.fraction_since(0) == got["busy_fraction"] and s.fraction_since(1) == 0.5  # a point's own part
+    assert s.fraction_since(s.mark()) is None
     sweep = {"gpu_busy": {"measured": True, "samples": 20, "busy_fraction": 0.42}, "peak_gpu_busy": 0.61,
              "peak_concurrency": 64}
     assert report._gpu_line(sweep)[0] == "GPU busy fraction: 0.42 (20 samples); 0.61 at the peak (64 clients)"
