@@ -154,9 +154,11 @@ class RankingCore:
 
     @property
     def users_per_forward(self) -> int:
-        """Queries per forward at most: the users warmed for where the forward serves warmed buckets (a
-        compiled or captured form: on a CPU one, so each query of a batch runs the compiled one-user
-        form, not the eager fallback), else ``CHUNK_USERS``."""
+        """Queries per forward at most: 1 where the predictor runs a batch one user at a time (the compiled
+        form on a CPU: ``Predictor.per_user``), the users warmed for where the forward serves warmed
+        buckets (CUDA graphs), else ``CHUNK_USERS``."""
+        if self.predictor.per_user:
+            return 1
         return self.max_users if self.predictor.mode != "eager" else CHUNK_USERS
 
     def rank_batch(self, queries: Sequence[RankQuery]) -> list[np.ndarray]:

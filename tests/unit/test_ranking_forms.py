@@ -224,19 +224,20 @@ def _compiles() -> int:
 @pytest.mark.slow
 @pytest.mark.parametrize("form", ["bf16"])
 def test_a_compiled_form_serves_the_buckets_it_warmed_and_never_compiles_after(form: str) -> None:
-    """Whatever the CPU (bf16 is emulated where not native): every bucket up to the warmed batch is
-    compiled before serving, any candidate count in it runs without a compile, and a shape beyond the
-    warmed users runs eagerly instead of compiling."""
+    """Whatever the CPU (bf16 is emulated where not native): every candidate bucket is compiled for one
+    user before serving, any candidate count runs without a compile, and a batch of any number of users
+    runs as one compiled forward per user (``Predictor.per_user``), never compiling and never eager."""
     from recpipe.ranking.predictor import MAX_ROWS, row_buckets
 
     model = model_with("dot", wide=True)
     low = Predictor(model, torch.device("cpu"), precision=form)
     low.set_user_tables(4)
-    assert low.compiled and low.mode == "padded"
+    assert low.compiled and low.mode == "padded" and low.per_user
     eager = Predictor(model, torch.device("cpu"), precision=form, compile=False)
     eager.set_user_tables(4)
+    assert not eager.per_user
     low.warm_buckets(max_users=4)
-    assert low.sealed and low.warmed == {(u, r) for u in (1, 2, 4) for r in row_buckets()}
+    assert low.sealed and low.warmed == {(1, r) for r in row_buckets()}
     assert row_buckets()[0] == 64 and row_buckets()[-1] == MAX_ROWS
     compiled = _compiles()
     g = np.random.default_rng(5)
@@ -246,12 +247,11 @@ def test_a_compiled_form_serves_the_buckets_it_warmed_and_never_compiles_after(f
         np.testing.assert_allclose(low.score_batch(*args, counts), eager.score_batch(*args, counts), atol=2e-2)
     for k in (1, 2, 3, 17, 500, MAX_ROWS):
         low.score_batch(*requests([k]), [k])
-    assert _compiles() == compiled and low.unwarmed_forwards == 0
-    # eight users were not warmed (max_users 4): the same module runs eagerly, nothing compiles
-    counts = [3] * 8
+    # more users than warmed for, and a user with no candidates: still compiled, one user at a time
+    counts = [3] * 8 + [0, 5]
     args = requests(counts)
     np.testing.assert_allclose(low.score_batch(*args, counts), eager.score_batch(*args, counts), atol=2e-2)
-    assert _compiles() == compiled and low.unwarmed_forwards == 1
+    assert _compiles() == compiled and low.unwarmed_forwards == 0
 
 
 def test_eager_forms_run_each_size_once_and_padded_twins_warm_every_bucket() -> None:
