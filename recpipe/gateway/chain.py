@@ -11,6 +11,7 @@ the two side by side. Every hop gets the time left until the caller's deadline; 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Generic, Protocol, TypeVar
 
 import numpy as np
@@ -67,6 +68,10 @@ class Chain(Generic[U, I]):
         self.retrieval = retrieval
         self.ranking = ranking
         self.model_version = ""
+        #: per step (``STEPS``), the queries in ``recommend`` that have yet to reach it, and what to call
+        #: when one of them reaches it or leaves early (a batched hop waits for them: ``Hop.upstream``)
+        self.ahead = [0] * len(STEPS)
+        self.on_pass: list[Callable[[], None] | None] = [None] * len(STEPS)
 
     @staticmethod
     def resolve_sizes(num_candidates: int, num_results: int) -> tuple[int, int]:
@@ -91,13 +96,33 @@ class Chain(Generic[U, I]):
         """One Recommend call. ``deadline`` is a ``time.monotonic()`` instant (None = no deadline)."""
         start = time.perf_counter_ns()
         k, n = self.resolve_sizes(num_candidates, num_results)
-        timings: list[StageTiming] = []
+        for step in range(len(self.ahead)):
+            self.ahead[step] += 1
+        reached = [0]  # the steps this query has passed (reached, or left before)
+        try:
+            return await self._recommend(user_id, k, n, deadline, start, reached)
+        finally:
+            self._reach(reached, len(self.ahead))
 
+    def _reach(self, reached: list[int], step: int) -> None:
+        """A query reaches ``step`` (``len(STEPS)``: it is done, or failed before the steps it missed)."""
+        for passed in range(reached[0], step):
+            self.ahead[passed] -= 1
+            notify = self.on_pass[passed]
+            if notify is not None:
+                notify()
+        reached[0] = max(reached[0], step)
+
+    async def _recommend(self, user_id: int, k: int, n: int, deadline: float | None, start: int,
+                         reached: list[int]) -> Recommendation:
+        timings: list[StageTiming] = []
         t0 = time.perf_counter_ns()
+        self._reach(reached, 1)
         user = await self.features.augment_user(user_id, _remaining(deadline, STEPS[0]))
         t1 = time.perf_counter_ns()
         timings.append(user.timing(STEPS[0], (t1 - t0) // 1000))
 
+        self._reach(reached, 2)
         found = await self.retrieval.retrieve(user.value, k, _remaining(deadline, STEPS[1]))
         t2 = time.perf_counter_ns()
         timings.append(found.timing(STEPS[1], (t2 - t1) // 1000))
@@ -105,10 +130,12 @@ class Chain(Generic[U, I]):
         if ids.size == 0:
             raise RuntimeError(f"retrieval returned no candidates for user {user_id}")
 
+        self._reach(reached, 3)
         items = await self.features.augment_items(user_id, ids, _remaining(deadline, STEPS[2]))
         t3 = time.perf_counter_ns()
         timings.append(items.timing(STEPS[2], (t3 - t2) // 1000))
 
+        self._reach(reached, 4)
         ranked = await self.ranking.rank(user.value, items.value, _remaining(deadline, STEPS[3]))
         t4 = time.perf_counter_ns()
         timings.append(ranked.timing(STEPS[3], (t4 - t3) // 1000))

@@ -66,6 +66,8 @@ class HopConfig:
     max_batch: int = 32
     max_queue_delay_us: int = 0
     max_in_flight: int = 0
+    #: how long a batch may wait for the queries in flight that have yet to reach this hop (``Hop.upstream``)
+    upstream_wait_us: int = 0
 
 
 @dataclass
@@ -101,6 +103,11 @@ class Hop(Generic[Req, Res]):
         self.batches = 0
         self.calls = 0
         self.sent_per_route = [0] * len(self.routes)
+        #: the queries in flight that have yet to reach this hop (set by the gateway: ``Chain.ahead``);
+        #: with ``upstream_wait_us`` a batch waits for them, and ``nudge`` is called when one arrives or
+        #: leaves
+        self.upstream: Callable[[], int] | None = None
+        self._waiting_upstream = False
 
     async def __call__(self, request: Req, timeout: float | None) -> Res:
         if self.config.max_batch <= 1:  # unbatched: each call at once, the replicas taken in turn
@@ -146,6 +153,8 @@ class Hop(Generic[Req, Res]):
             await asyncio.sleep(0)  # let the calls that are already on their way join this batch
             if cfg.max_queue_delay_us and len(self._queue) < cfg.max_batch:
                 await gather(self._queue, self._wake, cfg.max_batch, cfg.max_queue_delay_us / 1e6)
+            if cfg.upstream_wait_us and self.upstream is not None:
+                await self._wait_upstream(self.upstream, cfg)
             route = self._free_route()  # None if the route found free went down meanwhile: wait again
             if route is None:
                 continue
@@ -157,6 +166,38 @@ class Hop(Generic[Req, Res]):
                 task = asyncio.get_running_loop().create_task(self._send(batch, route))
                 self._sends.add(task)
                 task.add_done_callback(self._sends.discard)
+
+    def nudge(self) -> None:
+        """A query in flight reached this hop or left the chain before it (``Chain.on_pass``)."""
+        if self._waiting_upstream and self._wake is not None:
+            self._wake.set()
+
+    async def _wait_upstream(self, upstream: Callable[[], int], cfg: HopConfig) -> None:
+        """Hold the batch while queries in flight have yet to reach this hop, so they join it: up to
+        ``upstream_wait_us``, and never past half the time left of a queued call. A lone query has none
+        ahead of it and never waits; under load the queries move through the chain together, one batch
+        call per hop instead of one per query or two."""
+        assert self._wake is not None
+        now = time.monotonic()
+        until = now + cfg.upstream_wait_us / 1e6
+        for call in self._queue:
+            if call.deadline is not None:
+                until = min(until, now + (call.deadline - now) / 2)
+        loop = asyncio.get_running_loop()
+        self._waiting_upstream = True
+        try:
+            while len(self._queue) < cfg.max_batch and upstream() > 0:
+                left = until - time.monotonic()
+                if left <= 0:
+                    return
+                self._wake.clear()
+                timer = loop.call_later(left, self._wake.set)
+                try:
+                    await self._wake.wait()
+                finally:
+                    timer.cancel()
+        finally:
+            self._waiting_upstream = False
 
     def _route(self, index: int) -> Route:
         if index == _FALLBACK:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from grpc import aio
 
 from recpipe.errors import StageUnavailable
@@ -44,7 +46,13 @@ class GatewayStage(Stage):
             GrpcRankingClient(self.targets["ranking"], hops=hops),
         )
         self._clients = clients
-        self.chain = Chain(*clients)
+        self.chain = chain = Chain(*clients)
+        features, retrieval, ranking = clients
+        # each step's hop waits for the queries that have yet to reach it (``--hop-upstream-wait-us``)
+        for step, hop in enumerate((features.hops["AugmentUser"], retrieval.hops["Retrieve"],
+                                    features.hops["AugmentItems"], ranking.hops["Rank"])):
+            hop.upstream = functools.partial(chain.ahead.__getitem__, step)
+            chain.on_pass[step] = hop.nudge
 
     def readiness(self) -> ReadinessWatch | None:
         """The gateway is SERVING only while every stage it calls is (``recpipe.gateway.readiness``)."""

@@ -175,3 +175,38 @@ def test_gateway_admission_keeps_the_last_figures_when_completions_stop() -> Non
     assert a.measured(now[0]) == trusted
     with pytest.raises(Overloaded):
         a.admit(now[0] + 0.1)
+
+
+def test_the_chain_counts_the_queries_that_have_yet_to_reach_each_step() -> None:
+    """``Chain.ahead``: what a batched hop waits for (``--hop-upstream-wait-us``). Each query counts at
+    every step until it reaches it; one that fails stops counting at the steps it will never reach, and
+    each step's ``on_pass`` hears of every change."""
+
+    class Held(Ranking):
+        def __init__(self) -> None:
+            self.gate = asyncio.Event()
+
+        async def rank(self, user: int, items: np.ndarray, timeout: float | None) -> StageResult[np.ndarray]:
+            await self.gate.wait()
+            return await super().rank(user, items, timeout)
+
+    async def go() -> None:
+        ranking = Held()
+        chain = Chain(Features(), Retrieval(), ranking)
+        passed = [0] * len(STEPS)
+        for step in range(len(STEPS)):
+            chain.on_pass[step] = lambda step=step: passed.__setitem__(step, passed[step] + 1)  # type: ignore[misc]
+        queries = [asyncio.create_task(chain.recommend(u, 10, 3)) for u in range(3)]
+        await asyncio.sleep(0.01)
+        assert chain.ahead == [0, 0, 0, 0] and passed == [3, 3, 3, 3]  # all three held at the ranking step
+        ranking.gate.set()
+        await asyncio.gather(*queries)
+        failing = Chain(Features(), Retrieval(fail=Overloaded("busy")), Ranking())
+        with pytest.raises(Overloaded):
+            await failing.recommend(1, 10, 3)
+        assert failing.ahead == [0, 0, 0, 0]  # it left the steps after retrieval uncounted
+        with pytest.raises(BadRequest):
+            await failing.recommend(1, 5, 10)  # refused before any step: never counted
+        assert failing.ahead == [0, 0, 0, 0] and chain.ahead == [0, 0, 0, 0]
+
+    run(go())

@@ -4,6 +4,7 @@ together, per-call answers and errors, deadlines while queued, and the calls out
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -254,5 +255,61 @@ def test_while_no_replica_is_connected_the_balanced_channel_carries_the_calls() 
             replicas[1].up = True
             assert await hop("later", None) == "answer later" and replicas[1].sent[-1] == ["later"]
         assert replicas[0].sent == [] and len(balanced.sent) == 2
+
+    asyncio.run(go())
+
+
+class Upstream:
+    """The count a hop waits for (``Chain.ahead`` for its step), moved by hand."""
+
+    def __init__(self, hop: Hop[Any, Any], n: int) -> None:
+        self.n = n
+        self.hop = hop
+        hop.upstream = lambda: self.n
+
+    def arrive(self, request: Any) -> asyncio.Task[Any]:
+        self.n -= 1
+        self.hop.nudge()
+        return asyncio.create_task(self.hop(request, 5.0))
+
+    def leave(self) -> None:
+        self.n -= 1
+        self.hop.nudge()
+
+
+def test_a_batch_waits_for_the_queries_that_have_yet_to_reach_its_hop_and_a_lone_one_never_waits() -> None:
+    async def go() -> None:
+        stage = Stage()
+        hop = _hop(stage, upstream_wait_us=5_000_000)  # long: each wait below must end by itself
+        upstream = Upstream(hop, 0)
+        t0 = time.monotonic()
+        assert await hop("alone", 5.0) == "answer alone" and time.monotonic() - t0 < 1.0  # none ahead: at once
+        upstream.n = 3  # three queries in flight before this hop: the first to arrive waits for the others
+        first = upstream.arrive("a")
+        await asyncio.sleep(0.02)
+        assert stage.sent == [["alone"]]
+        second = upstream.arrive("b")
+        await asyncio.sleep(0.02)
+        assert stage.sent == [["alone"]]  # one still to come
+        upstream.leave()  # it failed before this hop: nothing more to wait for
+        assert await first == "answer a" and await second == "answer b"
+        assert stage.sent == [["alone"], ["a", "b"]] and time.monotonic() - t0 < 1.0
+
+    asyncio.run(go())
+
+
+def test_the_wait_for_upstream_queries_is_bounded_by_its_setting_and_by_the_deadlines() -> None:
+    async def go() -> None:
+        stage = Stage()
+        hop = _hop(stage, upstream_wait_us=50_000)
+        Upstream(hop, 5)  # they never come
+        t0 = time.monotonic()
+        assert await hop("a", 5.0) == "answer a"
+        assert 0.04 <= time.monotonic() - t0 < 1.0  # waited its 50 ms, then went
+        slow = _hop(Stage(), upstream_wait_us=5_000_000)
+        Upstream(slow, 5)
+        t0 = time.monotonic()
+        assert await slow("b", 0.2) == "answer b"
+        assert 0.08 <= time.monotonic() - t0 < 0.15  # at most half of its 200 ms left
 
     asyncio.run(go())

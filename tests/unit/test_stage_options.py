@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from recpipe.errors import UsageError
-from recpipe.gateway.options import GatewayOptions
+from recpipe.gateway.options import DEFAULT_HOP_UPSTREAM_WAIT_US, GatewayOptions
 from recpipe.ranking.options import RankingOptions
 from recpipe.retrieval.options import RetrievalOptions
 from recpipe.serving.batcher import BatchConfig, Batcher
@@ -42,7 +42,8 @@ def test_options_round_trip_through_the_command_line() -> None:
     assert argv.count("--no-cuda-graphs") == 1  # one flag for both torch stages
     assert argv == ["--no-cuda-graphs", "--retrieval-precision", "bf16", "--rescore", "4",
                     "--ranking-precision", "int8", "--embeddings", "host", "--max-in-flight", "7",
-                    "--hop-max-batch", "8", "--hop-queue-delay-us", "0", "--hop-max-in-flight", "0"]
+                    "--hop-max-batch", "8", "--hop-queue-delay-us", "0", "--hop-upstream-wait-us",
+                    str(DEFAULT_HOP_UPSTREAM_WAIT_US), "--hop-max-in-flight", "0"]
     back = REGISTRY.options(parse(argv))
     for name, opts in chosen.items():
         assert back[name] == opts
