@@ -13,10 +13,11 @@ from recpipe.serving.options import StageOptions, option
 DEFAULT_MAX_IN_FLIGHT = 512
 #: Stage calls per batch call at most (``recpipe.gateway.hops``): the stages' batchers' GPU default.
 DEFAULT_HOP_MAX_BATCH = 32
-#: How long a batch may wait for the queries in flight that have yet to reach its hop (a lone query
-#: has none and never waits): on 2 cores, closed loop of 8, it took the stage RPCs per query from 2.16
-#: to 0.82 and the serving CPU per query from 3.3 to 2.5 ms (BENCHMARKS.md).
-DEFAULT_HOP_UPSTREAM_WAIT_US = 2000
+#: How long a batch may wait for the queries in flight that have yet to reach its hop: off by default.
+#: On 2 cores 2 ms took a closed loop of 8 from 2.16 to 0.82 stage RPCs and from 3.3 to 2.5 ms of serving
+#: CPU per query, but raised an open loop's p50 by 4 ms and its p99 by 10-30 ms at 250-350 q/s
+#: (BENCHMARKS.md): it buys throughput per core with latency.
+DEFAULT_HOP_UPSTREAM_WAIT_US = 0
 
 
 @dataclass(frozen=True)
@@ -31,8 +32,9 @@ class GatewayOptions(StageOptions):
                                              "(0 = send what is queued, so a lone query never waits; default 0)")
     hop_upstream_wait_us: int = option(DEFAULT_HOP_UPSTREAM_WAIT_US,
                                        help="gateway: how long a stage call may wait for the queries in flight that have "
-                                            "yet to reach the same hop, so they go in one batch call, in µs (a lone query "
-                                            f"has none and never waits; 0 = never; default {DEFAULT_HOP_UPSTREAM_WAIT_US})")
+                                            "yet to reach the same hop, so they go in one batch call, in µs: fewer RPCs "
+                                            "and less CPU per query for some latency (a lone query has none ahead and "
+                                            f"never waits; default {DEFAULT_HOP_UPSTREAM_WAIT_US} = never)")
     hop_max_in_flight: int = option(0, help="gateway: batch calls out at once per stage method, spread evenly over its "
                                             "replicas (default 0 = one per replica)")
 

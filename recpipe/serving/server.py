@@ -37,7 +37,7 @@ from grpc_reflection.v1alpha import reflection
 
 from recpipe.config import DEFAULT_HOST
 from recpipe.errors import UsageError
-from recpipe.serving import info
+from recpipe.serving import heap, info
 from recpipe.serving.channels import MAX_MESSAGE_BYTES
 from recpipe.serving.connection_age import ConnectionAge
 from recpipe.serving.interceptor import ServingInterceptor
@@ -167,6 +167,7 @@ class StageServer:
         watch reports from then on)."""
         if not loaded:
             await self.stage.load()
+        heap.settle(self.stage.name)
         watch = self.stage.readiness()
         if watch is None:
             await self._report(True)

@@ -104,13 +104,15 @@ def test_every_stage_method_has_a_batch_call(serving_chain) -> None:
 
 @pytest.fixture(scope="module")
 def gateways(serving_chain, serving_threads):
-    """Two gateways over the session's stages: batched hops (the default) and unbatched."""
+    """Three gateways over the session's stages: batched hops (the default), unbatched, and batched
+    hops that wait for the queries upstream of them (``--hop-upstream-wait-us``)."""
     targets = [serving_chain[name].address for name in ("features", "retrieval", "ranking")]
     batched = serving_threads.start(GatewayStage(*targets, GatewayOptions()))
     unbatched = serving_threads.start(GatewayStage(*targets, GatewayOptions(hop_max_batch=1)))
-    yield batched, unbatched
-    serving_threads.stop(batched)
-    serving_threads.stop(unbatched)
+    waiting = serving_threads.start(GatewayStage(*targets, GatewayOptions(hop_upstream_wait_us=200_000)))
+    yield batched, unbatched, waiting
+    for g in (batched, unbatched, waiting):
+        serving_threads.stop(g)
 
 
 def _recommend_all(address: str, users: list[int], concurrency: int) -> list[object]:
@@ -127,7 +129,7 @@ def _recommend_all(address: str, users: list[int], concurrency: int) -> list[obj
 
 def test_a_batched_gateway_answers_as_an_unbatched_one_and_batches_the_queries_in_flight(gateways,
                                                                                           dataset_info) -> None:
-    batched, unbatched = gateways
+    batched, unbatched, _ = gateways
     users = [*USERS, dataset_info["num_users"] + 5, *USERS]  # one unknown user among them
     for g in (batched, unbatched):  # its readiness has seen every stage SERVING
         wait_serving(g.address)
@@ -148,3 +150,36 @@ def test_a_batched_gateway_answers_as_an_unbatched_one_and_batches_the_queries_i
     sent = [int(v.split(" calls in ")[0]) for v in calls.values()]
     batches = [int(v.split(" calls in ")[1].split(" ")[0]) for v in calls.values()]
     assert sum(batches) < sum(sent), calls
+
+
+def _hop_counts(gateway) -> dict[str, tuple[int, int]]:  # type: ignore[no-untyped-def]
+    """hop -> (calls, batch calls), from the gateway's GetInfo."""
+    details = gateway.stage.info().details
+    return {k: (int(v.split(" calls in ")[0]), int(v.split(" calls in ")[1].split(" ")[0]))
+            for k, v in details.items() if k.startswith("hop_")}
+
+
+def test_hops_that_wait_for_the_queries_upstream_send_them_together_with_the_same_answers(gateways,
+                                                                                         dataset_info) -> None:
+    _, unbatched, waiting = gateways
+    users = [*USERS, dataset_info["num_users"] + 5, *USERS]
+    for g in (unbatched, waiting):
+        wait_serving(g.address)
+    before = _hop_counts(waiting)
+    lone = _recommend_all(waiting.address, USERS[:1], concurrency=1)[0]  # nothing ahead of it: no wait
+    got = _recommend_all(waiting.address, users, concurrency=len(users))
+    want = _recommend_all(unbatched.address, users, concurrency=4)
+    assert not isinstance(lone, Exception) and lone.timings[-1].observed_us < 150_000  # type: ignore[attr-defined]
+    for g, w in zip(got, want, strict=True):
+        if isinstance(w, UnknownUser):
+            assert isinstance(g, UnknownUser)  # it left the chain at its first hop; the others did not wait for it
+            continue
+        assert not isinstance(g, Exception)
+        np.testing.assert_array_equal(g.item_ids, w.item_ids)  # type: ignore[attr-defined]
+        np.testing.assert_allclose(g.scores, w.scores, rtol=1e-5, atol=1e-6)  # type: ignore[attr-defined]
+    after = _hop_counts(waiting)
+    for hop in ("hop_Retrieve", "hop_AugmentItems", "hop_Rank"):
+        calls, batches = (after[hop][i] - before[hop][i] for i in (0, 1))
+        # less the unknown user, plus the lone query; the rest met at each later hop: the lone query's
+        # call and one or two batch calls (without the wait, 5-6 here)
+        assert calls == len(users) and batches <= 3, after
