@@ -86,15 +86,25 @@ def allocate_ports(registry: Registry, host: str, base: int, metrics_flag: int |
     ``UsageError`` when a port would pass 65535."""
     free_metrics = metrics_flag == 0 or (metrics_flag is None and not base)
     out: dict[str, list[ProcessPorts]] = {}
+    taken: set[int] = set()
+
+    def pick() -> int:
+        """A free port none of the others got: the kernel may hand a just-released port out again (seen:
+        a replica's own port equal to the entry stage's, whose replicas had not bound it yet)."""
+        while (port := free_port(host)) in taken:
+            pass
+        taken.add(port)
+        return port
+
     for spec in registry:
         n = (replicas or {}).get(spec.name, 1)
         shared = n > 1 and shares_port(registry, spec.name)
-        port = base + spec.port_offset if base else free_port(host)
+        port = base + spec.port_offset if base else pick()
         processes = []
         for k in range(n):
             offset = spec.port_offset + (k + 1 if shared else k) * REPLICA_PORT_STRIDE
-            own = port if offset == spec.port_offset else (base + offset if base else free_port(host))
-            metrics = free_port(host) if free_metrics else metrics_port(metrics_flag, own, offset)
+            own = port if offset == spec.port_offset else (base + offset if base else pick())
+            metrics = pick() if free_metrics else metrics_port(metrics_flag, own, offset)
             processes.append(ProcessPorts(port if shared else own, own, metrics))
         out[spec.name] = processes
     top = max(max(p.own, p.metrics or 0) for ps in out.values() for p in ps)

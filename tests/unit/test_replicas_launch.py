@@ -155,3 +155,11 @@ def test_replica_targets_list_addresses() -> None:
     assert launch.direct_target(stages, "ranking") == "127.0.0.1:50054"
     # the channel helper takes such a target as it is (tests/integration/test_round_robin.py calls over one)
     assert normalize_target("ipv4:127.0.0.1:1,127.0.0.1:2") == "ipv4:127.0.0.1:1,127.0.0.1:2"
+
+
+def test_free_ports_are_distinct_even_when_the_kernel_hands_one_out_twice(monkeypatch) -> None:
+    handed = iter([41000, 41000, 41001, 41000, 41002, 41003, 41001, *range(41004, 41100)])
+    monkeypatch.setattr(launch, "free_port", lambda host: next(handed))
+    ports = launch.allocate_ports(REGISTRY, "127.0.0.1", 0, 0, {"ranking": 2, "gateway": 2})
+    every = [p for ps in ports.values() for q in ps for p in (q.own, q.metrics)]
+    assert len(every) == len(set(every))
