@@ -104,6 +104,10 @@ class Chain(Generic[U, I]):
         finally:
             self._reach(reached, len(self.ahead))
 
+    def between(self, before: int, step: int) -> int:
+        """The queries in flight that have reached step ``before`` but not yet ``step``."""
+        return self.ahead[step] - self.ahead[before]
+
     def _reach(self, reached: list[int], step: int) -> None:
         """A query reaches ``step`` (``len(STEPS)``: it is done, or failed before the steps it missed)."""
         for passed in range(reached[0], step):

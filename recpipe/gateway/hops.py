@@ -103,9 +103,9 @@ class Hop(Generic[Req, Res]):
         self.batches = 0
         self.calls = 0
         self.sent_per_route = [0] * len(self.routes)
-        #: the queries in flight that have yet to reach this hop (set by the gateway: ``Chain.ahead``);
-        #: with ``upstream_wait_us`` a batch waits for them, and ``nudge`` is called when one arrives or
-        #: leaves
+        #: the queries in flight that will reach this hop next (set by the gateway: those at the step
+        #: before, ``Chain.between``); with ``upstream_wait_us`` a batch waits for them, and ``nudge``
+        #: is called when one arrives or leaves
         self.upstream: Callable[[], int] | None = None
         self._waiting_upstream = False
 
@@ -173,9 +173,10 @@ class Hop(Generic[Req, Res]):
             self._wake.set()
 
     async def _wait_upstream(self, upstream: Callable[[], int], cfg: HopConfig) -> None:
-        """Hold the batch while queries in flight have yet to reach this hop, so they join it: up to
+        """Hold the batch while queries in flight are on their way to this hop (``upstream``: those at
+        the hop before, so the wait is about one hop's time), so they join it: up to
         ``upstream_wait_us``, and never past half the time left of a queued call. A lone query has none
-        ahead of it and never waits; under load the queries move through the chain together, one batch
+        behind it and never waits; under load the queries move through the chain together, one batch
         call per hop instead of one per query or two."""
         assert self._wake is not None
         now = time.monotonic()

@@ -13,11 +13,11 @@ from recpipe.serving.options import StageOptions, option
 DEFAULT_MAX_IN_FLIGHT = 512
 #: Stage calls per batch call at most (``recpipe.gateway.hops``): the stages' batchers' GPU default.
 DEFAULT_HOP_MAX_BATCH = 32
-#: How long a batch may wait for the queries in flight that have yet to reach its hop: off by default.
-#: On 2 cores 2 ms took a closed loop of 8 from 2.16 to 0.82 stage RPCs and from 3.3 to 2.5 ms of serving
-#: CPU per query, but raised an open loop's p50 by 4 ms and its p99 by 10-30 ms at 250-350 q/s
-#: (BENCHMARKS.md): it buys throughput per core with latency.
-DEFAULT_HOP_UPSTREAM_WAIT_US = 0
+#: How long a batch may wait for the queries at the hop before its own, which reach it next (a lone
+#: query has none behind it and never waits). On 2 cores, closed loop of 8, it took the stage RPCs per
+#: query from 2.13-2.16 to 0.86 and the serving CPU per query from 3.4-3.6 to 2.5-2.8 ms; an open
+#: loop's SLO rate did not move beyond the machine's noise (BENCHMARKS.md).
+DEFAULT_HOP_UPSTREAM_WAIT_US = 2000
 
 
 @dataclass(frozen=True)
@@ -31,10 +31,10 @@ class GatewayOptions(StageOptions):
     hop_queue_delay_us: int = option(0, help="gateway: how long a stage call may wait for others to batch with, in µs "
                                              "(0 = send what is queued, so a lone query never waits; default 0)")
     hop_upstream_wait_us: int = option(DEFAULT_HOP_UPSTREAM_WAIT_US,
-                                       help="gateway: how long a stage call may wait for the queries in flight that have "
-                                            "yet to reach the same hop, so they go in one batch call, in µs: fewer RPCs "
-                                            "and less CPU per query for some latency (a lone query has none ahead and "
-                                            f"never waits; default {DEFAULT_HOP_UPSTREAM_WAIT_US} = never)")
+                                       help="gateway: how long a stage call may wait for the queries at the hop before "
+                                            "it, so they go in one batch call, in µs: fewer RPCs and less CPU per query "
+                                            "(a lone query has none behind it and never waits; 0 = never; default "
+                                            f"{DEFAULT_HOP_UPSTREAM_WAIT_US})")
     hop_max_in_flight: int = option(0, help="gateway: batch calls out at once per stage method, spread evenly over its "
                                             "replicas (default 0 = one per replica)")
 

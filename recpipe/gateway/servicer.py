@@ -48,10 +48,12 @@ class GatewayStage(Stage):
         self._clients = clients
         self.chain = chain = Chain(*clients)
         features, retrieval, ranking = clients
-        # each step's hop waits for the queries that have yet to reach it (``--hop-upstream-wait-us``)
+        # each step's hop may wait for the queries at the step before it, which reach it next
+        # (``--hop-upstream-wait-us``); the first step has none
         for step, hop in enumerate((features.hops["AugmentUser"], retrieval.hops["Retrieve"],
                                     features.hops["AugmentItems"], ranking.hops["Rank"])):
-            hop.upstream = functools.partial(chain.ahead.__getitem__, step)
+            if step:
+                hop.upstream = functools.partial(chain.between, step - 1, step)
             chain.on_pass[step] = hop.nudge
 
     def readiness(self) -> ReadinessWatch | None:
