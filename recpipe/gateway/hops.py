@@ -13,6 +13,9 @@ of the stages' dynamic batcher (``recpipe.serving.batcher``), with the same knob
 - at most ``max_in_flight`` batch calls are out at once (default: one per replica): while they are
   out, the calls that arrive queue, so under load batches grow by themselves and at low load a query
   goes alone at once;
+- with ``upstream_wait_us`` a batch also waits, that long at most, for the queries the gateway knows
+  are on their way to this hop (``upstream``: those at the hop before), so under load queries travel
+  the chain together; a lone query has none behind it and never waits;
 - with several replicas (``Route``, one channel each) a batch goes to the first replica, in a fixed
   order, that has no call out and whose channel is up: one batch per replica at a time, as an
   inference server gives one batch to each model instance, and at low load every query meets the same
@@ -66,7 +69,7 @@ class HopConfig:
     max_batch: int = 32
     max_queue_delay_us: int = 0
     max_in_flight: int = 0
-    #: how long a batch may wait for the queries in flight that have yet to reach this hop (``Hop.upstream``)
+    #: how long a batch may wait for the queries on their way to this hop (``Hop.upstream``)
     upstream_wait_us: int = 0
 
 

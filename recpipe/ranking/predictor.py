@@ -3,8 +3,9 @@
 ``score_candidates`` exploits that one request is one user and k items: every interaction pair
 between two user-side vectors (the user's dense vector and its 44 embeddings: 990 of the 1891 pairs)
 is the same for all k candidates, and so is its contribution to the first layer of the top MLP. That
-part is computed once per request; per candidate only the pairs that involve an item-side vector are
-computed and multiplied by their columns of the first layer. The wide part, when the model has one,
+part is computed once per request. The item x user pairs' columns are folded with the user's vectors
+once per request too (``_UserSplit._folded``), so per candidate the first layer reads the item's own
+vectors, and only the item x item pairs are computed as dots. The wide part, when the model has one,
 splits the same way (``WideArch.user`` once per user, ``WideArch.item`` per candidate). The result
 equals ``model(dense, sparse)`` up to float rounding (checked by the tests), at about half the cost.
 
@@ -311,11 +312,13 @@ class _UserSplit(nn.Module):
     """The DLRM forward for one user x k items with the user-only work done once (see module doc).
 
     The first layer of the top MLP is split by what its inputs depend on: ``user_first`` over [user
-    vector, user x user dots] (once per user), and per candidate ``item_vec_first`` (the item vector),
-    ``item_user_first`` (every item-side x user-side dot: each pair once, so no column is gathered)
-    and ``item_item_first`` (the full (ni, ni) Gram matrix, weights on its upper triangle and zeros
-    elsewhere: a few more multiply-adds instead of a column gather, which costs more on a CPU). Every
-    matmul of the forward is an ``nn.Linear``, so the int8 form quantizes all of them.
+    vector, user x user dots] (once per user), the item vector's and the item x user dots' columns
+    folded with each user's vectors (``_folded``: once per user, then one matmul per candidate), and
+    ``item_item_first`` (the full (ni, ni) Gram matrix, weights on its upper triangle and zeros
+    elsewhere: a few more multiply-adds instead of a column gather, which costs more on a CPU). Where
+    items gather their users' vectors (static shapes for CUDA graphs, several users per forward) the
+    fold cannot apply, and ``item_vec_first`` and ``item_user_first`` take every item x user dot. The
+    folded weights are computed per call, so the int8 form quantizes every ``nn.Linear`` but not them.
     """
 
     user_src: torch.Tensor
@@ -410,7 +413,6 @@ class _UserSplit(nn.Module):
         if self.wide is not None:
             logits = logits + _wide_logits(self.wide, self.wide_item, ud.to(dtype), idn.to(dtype), item_emb, seg)
         return logits
-
 
     def _folded(self, u: torch.Tensor) -> torch.Tensor:
         """(B, nu, D) user vectors -> (B, H, ni*D): each user's weights over an item's flattened vectors,
