@@ -13,9 +13,10 @@ of the stages' dynamic batcher (``recpipe.serving.batcher``), with the same knob
 - at most ``max_in_flight`` batch calls are out at once (default: one per replica): while they are
   out, the calls that arrive queue, so under load batches grow by themselves and at low load a query
   goes alone at once;
-- with ``upstream_wait_us`` a batch also waits, that long at most, for the queries the gateway knows
-  are on their way to this hop (``upstream``: those at the hop before), so under load queries travel
-  the chain together; a lone query has none behind it and never waits;
+- with ``upstream_wait_us`` a batch of an idle hop (none of its calls out) also waits, that long at
+  most, for the queries the gateway knows are on their way to it (``upstream``: those at the hop
+  before), so under load queries travel the chain together; a lone query has none behind it and never
+  waits, and while one replica works another free one takes what comes at once;
 - with several replicas (``Route``, one channel each) a batch goes to the first replica, in a fixed
   order, that has no call out and whose channel is up: one batch per replica at a time, as an
   inference server gives one batch to each model instance, and at low load every query meets the same
@@ -156,7 +157,7 @@ class Hop(Generic[Req, Res]):
             await asyncio.sleep(0)  # let the calls that are already on their way join this batch
             if cfg.max_queue_delay_us and len(self._queue) < cfg.max_batch:
                 await gather(self._queue, self._wake, cfg.max_batch, cfg.max_queue_delay_us / 1e6)
-            if cfg.upstream_wait_us and self.upstream is not None:
+            if cfg.upstream_wait_us and self.upstream is not None and not self._in_flight:
                 await self._wait_upstream(self.upstream, cfg)
             route = self._free_route()  # None if the route found free went down meanwhile: wait again
             if route is None:

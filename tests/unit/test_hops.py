@@ -313,3 +313,22 @@ def test_the_wait_for_upstream_queries_is_bounded_by_its_setting_and_by_the_dead
         assert 0.08 <= time.monotonic() - t0 < 0.15  # at most half of its 200 ms left
 
     asyncio.run(go())
+
+
+def test_while_one_replica_works_a_free_one_takes_the_next_batch_without_waiting_upstream() -> None:
+    async def go() -> None:
+        replicas, hop = _replicas(2, upstream_wait_us=5_000_000)
+        upstream = Upstream(hop, 0)
+        replicas[0].gate.clear()  # the first replica holds its call
+        first = asyncio.create_task(hop("a", 5.0))
+        await asyncio.sleep(0.02)
+        upstream.n = 3  # queries on their way, but the hop already has a call out
+        t0 = time.monotonic()
+        second = upstream.arrive("b")
+        await asyncio.sleep(0.02)
+        assert replicas[1].sent == [["b"]]  # sent to the free replica at once
+        assert await second == "answer b" and time.monotonic() - t0 < 1.0
+        replicas[0].gate.set()
+        assert await first == "answer a"
+
+    asyncio.run(go())
