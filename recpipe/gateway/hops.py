@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from recpipe.errors import DeadlineExceeded, RecpipeError, StageUnavailable
-from recpipe.serving.batcher import gather
+from recpipe.serving.batcher import gather, wait_while
 
 Req = TypeVar("Req")
 Res = TypeVar("Res")
@@ -188,19 +188,9 @@ class Hop(Generic[Req, Res]):
         for call in self._queue:
             if call.deadline is not None:
                 until = min(until, now + (call.deadline - now) / 2)
-        loop = asyncio.get_running_loop()
         self._waiting_upstream = True
         try:
-            while len(self._queue) < cfg.max_batch and upstream() > 0:
-                left = until - time.monotonic()
-                if left <= 0:
-                    return
-                self._wake.clear()
-                timer = loop.call_later(left, self._wake.set)
-                try:
-                    await self._wake.wait()
-                finally:
-                    timer.cancel()
+            await wait_while(lambda: len(self._queue) < cfg.max_batch and upstream() > 0, self._wake, until)
         finally:
             self._waiting_upstream = False
 

@@ -356,8 +356,13 @@ class Batcher(Generic[Q, R]):
 async def gather(queue: Sized, wake: asyncio.Event, size: int, delay_s: float) -> None:
     """Wait up to ``delay_s`` for ``queue`` to hold ``size`` items, woken by ``wake`` whenever one is
     added: the queue delay of a batcher (this one, and the gateway's batched hops)."""
-    until = time.monotonic() + delay_s
-    while len(queue) < size:
+    await wait_while(lambda: len(queue) < size, wake, time.monotonic() + delay_s)
+
+
+async def wait_while(waiting: Callable[[], bool], wake: asyncio.Event, until: float) -> None:
+    """Wait while ``waiting()`` holds, until the ``time.monotonic()`` instant ``until`` at most, checking
+    again whenever ``wake`` is set."""
+    while waiting():
         left = until - time.monotonic()
         if left <= 0:
             return

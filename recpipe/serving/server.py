@@ -167,7 +167,7 @@ class StageServer:
         watch reports from then on)."""
         if not loaded:
             await self.stage.load()
-        heap.settle(self.stage.name)
+            heap.settle(self.stage.name)  # a stage loaded before it took the port settled then (runner)
         watch = self.stage.readiness()
         if watch is None:
             await self._report(True)
