@@ -1,7 +1,8 @@
 """Per-query outcomes in, latency summaries out.
 
-The hot path only appends floats to lists (tens of nanoseconds); histograms are filled once, after the
-run, so recording never steals time from sending. Every query carries three instants (perf_counter
+The hot path only appends floats to lists (tens of nanoseconds); histograms, and each answered query's
+split by stage (``recpipe.querygen.attribution``), are made once, after the run, so recording never
+steals time from sending. Every query carries three instants (perf_counter
 seconds): when it was *scheduled*, when it was actually *sent*, and when its answer came back.
 End-to-end latency is ``done - scheduled``: a generator that falls behind still charges the delay to the
 query, as a real user arriving at the scheduled instant would have seen it (no coordinated omission).
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from recpipe.config import STEPS, TOTAL_STEP
+from recpipe.querygen.attribution import TailSplit, split_row
 from recpipe.querygen.histogram import LatencyHistogram
 
 #: a query sent later than this after its scheduled instant counts as sent late (perf_analyzer reports
@@ -41,6 +43,9 @@ class Recorder:
     queue_us: dict[str, list[float]] = field(default_factory=dict)
     compute_us: dict[str, list[float]] = field(default_factory=dict)
     batch_sizes: dict[str, list[int]] = field(default_factory=dict)
+    #: each answered query's end-to-end us and timings, split into parts after the run
+    #: (``recpipe.querygen.attribution.split_row``)
+    answered: list[tuple[float, list[Timing]]] = field(default_factory=list)
     errors: Counter[str] = field(default_factory=Counter)
     warmup_queries: int = 0
     first_scheduled: float | None = None
@@ -62,7 +67,10 @@ class Recorder:
     def ok(self, scheduled: float, sent: float, done: float, timings: Iterable[Timing]) -> None:
         if not self._measured(scheduled, sent, done):
             return
-        self.e2e_us.append((done - scheduled) * 1e6)
+        e2e = (done - scheduled) * 1e6
+        self.e2e_us.append(e2e)
+        timings = timings if isinstance(timings, list) else list(timings)
+        self.answered.append((e2e, timings))
         for t in timings:
             stage = str(t[0])
             self.server_us.setdefault(stage, []).append(float(t[1]))
@@ -102,6 +110,9 @@ class Recorder:
             last_done=self.last_done,
             late_sends=sum(1 for v in self.lag_us if v > LATE_US),
             measure_from=self.measure_from,
+            split=TailSplit.of([split_row(e2e, {str(t[0]): (float(t[1]), float(t[2]), int(t[5]) if len(t) >= 6 else 0)
+                                                for t in timings})
+                                for e2e, timings in self.answered]),
         )
 
 
@@ -154,6 +165,8 @@ class Measurement:
     late_sends: int = 0
     #: the instant (perf_counter s) measuring began: the end of the warm-up
     measure_from: float = 0.0
+    #: the answered queries' end-to-end time split by stage (``recpipe.querygen.attribution``)
+    split: TailSplit = field(default_factory=TailSplit)
 
     @property
     def queries(self) -> int:
@@ -170,7 +183,7 @@ class Measurement:
                 "stages": {name: h.to_wire() for name, h in self.stages.items()}, "ok": self.ok,
                 "errors": dict(self.errors), "warmup_queries": self.warmup_queries,
                 "first_scheduled": self.first_scheduled, "last_done": self.last_done,
-                "late_sends": self.late_sends, "measure_from": self.measure_from}
+                "late_sends": self.late_sends, "measure_from": self.measure_from, "split": self.split.to_wire()}
 
     @classmethod
     def from_wire(cls, wire: Mapping[str, Any]) -> Measurement:
@@ -180,7 +193,7 @@ class Measurement:
                    ok=int(wire["ok"]), errors={str(k): int(v) for k, v in wire["errors"].items()},
                    warmup_queries=int(wire["warmup_queries"]), first_scheduled=wire["first_scheduled"],
                    last_done=wire["last_done"], late_sends=int(wire["late_sends"]),
-                   measure_from=float(wire["measure_from"]))
+                   measure_from=float(wire["measure_from"]), split=TailSplit.from_wire(wire.get("split", {})))
 
 
 def merge(parts: list[Measurement]) -> Measurement:
@@ -209,4 +222,5 @@ def merge(parts: list[Measurement]) -> Measurement:
             out.errors[code] = out.errors.get(code, 0) + n
         out.warmup_queries += m.warmup_queries
         out.late_sends += m.late_sends
+        out.split.add(m.split)
     return out

@@ -122,7 +122,8 @@ def generator_block(config: QuerygenConfig, steps: list[Step]) -> dict[str, Any]
 
 
 def summarise(m: Measurement) -> dict[str, Any]:
-    """The latency part of a run: end_to_end (+ CDF), stages (observed + server), send lag, errors."""
+    """The latency part of a run: end_to_end (+ CDF), stages (observed + server), attribution (the
+    median's and the slowest 1%'s time by stage: ``recpipe.querygen.attribution``), send lag, errors."""
     stages = {}
     for stage in STEPS:
         h = m.stages[stage]
@@ -139,6 +140,7 @@ def summarise(m: Measurement) -> dict[str, Any]:
         "end_to_end": {**m.end_to_end.summary(), "cdf": m.end_to_end.cdf()},
         "pipeline_total": {**total.observed.summary(), "server": total.server.summary()},
         "stages": stages,
+        "attribution": m.split.bands(),
         "send_lag": lag,
     }
 

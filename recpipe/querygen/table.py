@@ -122,6 +122,7 @@ def run_table(doc: Mapping[str, Any]) -> str:
     n = int(e.get("count", doc.get("ok", 0)))
     table.add(["end to end", "client", *_cells(e, n), _ms(e["mean_us"])])
     lines += table.render()
+    lines += attribution_lines(doc)
     notes = support_warnings(doc)
     if not split:
         notes.append("queue/compute split: not reported by these stages (StageTiming.queue_us/compute_us are 0)")
@@ -154,6 +155,33 @@ def run_table(doc: Mapping[str, Any]) -> str:
     lines += textwrap.wrap("legend: " + LEGEND, width=100, subsequent_indent="  ",
                            break_on_hyphens=False)
     return "\n".join(lines)
+
+
+#: fewest answered queries for the slowest-1% row: 1,000 put 10 queries in it
+ATTRIBUTION_MIN_QUERIES = 1000
+
+
+def attribution_lines(doc: Mapping[str, Any]) -> list[str]:
+    """Where the median and the slowest 1% of queries spent their time (``recpipe.querygen.attribution``):
+    each stage's server + hop time, the gateway's own, the client's, as means in ms. Nothing for a run
+    with fewer than ``ATTRIBUTION_MIN_QUERIES`` answers, where the slowest 1% are a handful."""
+    bands = doc.get("attribution") or {}
+    median, tail = bands.get("median"), bands.get("p99")
+    if not median or not tail or int(doc.get("ok", 0)) < ATTRIBUTION_MIN_QUERIES:
+        return []
+    table = _Table(["mean (ms)", *STEPS, "gateway", "client", "end to end"], 14)
+    for label, band in (("p45-p55", median), ("slowest 1%", tail)):
+        cells = [f"{_ms(st['server_us'])}+{_ms(st['hop_us'])}" for st in (band["stages"][s] for s in STEPS)]
+        table.add([f"{label} ({band['queries']})", *cells, _ms(band["gateway_us"]), _ms(band["client_us"]),
+                   _ms(band["end_to_end_us"])])
+    sizes = [f"{s} {median['stages'][s]['batch_size']:.1f} -> {tail['stages'][s]['batch_size']:.1f}"
+             for s in STEPS if median["stages"][s]["batch_size"] and tail["stages"][s]["batch_size"]]
+    notes = ["where the time went: the median queries against the slowest 1%; each stage as server+hop (hop = "
+             "waiting in the gateway's batched hop, network and (de)serialisation)"]
+    if sizes:
+        notes.append("mean batch size, median -> slowest 1%: " + ", ".join(sizes))
+    wrap = [textwrap.wrap(n, width=100, subsequent_indent="  ", break_on_hyphens=False) for n in notes]
+    return ["", *wrap[0], *table.render(), *(line for w in wrap[1:] for line in w)]
 
 
 def _headline(doc: Mapping[str, Any]) -> str:

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pytest
+
 from recpipe.cli import main
 from recpipe.config import STEPS
 
@@ -35,6 +37,14 @@ def test_sequential_and_per_component_against_the_chain(serving_chain: ChainServ
         assert s["count"] == 40 and 0 < s["server"]["p50_us"] <= s["p50_us"] * 1.01 + 5
     # Stages run one after another inside the gateway: the client waits at least their sum.
     assert gw["end_to_end"]["p50_us"] >= 0.9 * sum(gw["stages"][s]["p50_us"] for s in STEPS)
+    # The slowest queries' time by stage: its parts add up to their end-to-end time, every stage took some.
+    for band in gw["attribution"].values():
+        parts = band["client_us"] + band["gateway_us"] + sum(
+            st["server_us"] + st["hop_us"] for st in band["stages"].values())
+        assert parts == pytest.approx(band["end_to_end_us"], rel=1e-3)
+        assert all(st["server_us"] > 0 and st["hop_us"] > 0 for st in band["stages"].values())
+        assert band["gateway_us"] >= 0 and band["client_us"] > 0
+    assert gw["attribution"]["p99"]["end_to_end_us"] >= gw["attribution"]["median"]["end_to_end_us"]
 
     pc = _run(tmp_path, "pc", "--per-component", "--features", t["features"], "--retrieval", t["retrieval"],
               "--ranking", t["ranking"], "--queries", "40", "--num-candidates", "50",

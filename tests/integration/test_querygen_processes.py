@@ -58,6 +58,8 @@ def test_open_loop_from_two_processes_is_one_report_with_each_send_lag(
     # one merged histogram: its counts are the senders' together
     assert doc["send_lag"]["count"] == 400 == doc["end_to_end"]["count"]
     assert doc["send_lag"]["max_us"] == max(r["send_lag"]["max_us"] for r in rows)
+    # the queries' time by stage is merged too: the slowest 1% of all 400 are 4 queries
+    assert doc["attribution"]["p99"]["queries"] == 4 and doc["attribution"]["median"]["queries"] == 40
     assert gen["sender_cpu_s"] == pytest.approx(sum(r["cpu_s"] for r in rows), abs=1e-5)
     # the table says so too
     assert "senders: 2 processes (--processes 2); send lag per process (ms) 0: p50" in summary_text(doc)

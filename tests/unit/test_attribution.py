@@ -1,0 +1,105 @@
+"""The slowest queries' time by stage (recpipe.querygen.attribution): the split of one query, the bands,
+exact merges, and the lines of the run table."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from recpipe.config import STEPS, TOTAL_STEP
+from recpipe.querygen.attribution import PARTS, TailSplit, split_row
+from recpipe.querygen.recorder import Recorder, merge
+from recpipe.querygen.table import ATTRIBUTION_MIN_QUERIES, attribution_lines
+
+
+def _timings(server: float, hop: float, gateway: float, batch: int = 2) -> dict[str, tuple[float, float, int]]:
+    """Every stage ``server`` us inside, ``hop`` us more as observed; the handler ``gateway`` us beyond."""
+    t = {s: (server, server + hop, batch) for s in STEPS}
+    t[TOTAL_STEP] = (len(STEPS) * (server + hop) + gateway, 0.0, 0)
+    return t
+
+
+def test_a_query_splits_into_parts_that_sum_to_its_end_to_end_time() -> None:
+    row = split_row(10_000.0, _timings(server=1000.0, hop=500.0, gateway=300.0))
+    parts = dict(zip(PARTS, row[1:], strict=True))
+    assert parts["gateway"] == 300.0 and parts["client"] == 10_000.0 - 6300.0
+    for s in STEPS:
+        assert (parts[f"{s}.server"], parts[f"{s}.hop"], parts[f"{s}.batch"]) == (1000.0, 500.0, 2.0)
+    assert sum(v for k, v in parts.items() if not k.endswith(".batch")) == pytest.approx(row[0])
+    # without the gateway's total (a --per-component run), the client holds what the stages leave
+    alone = split_row(7000.0, {s: (1000.0, 1500.0, 0) for s in STEPS})
+    assert alone[1:3] == (1000.0, 0.0)
+
+
+def _rows(n: int) -> list[tuple[float, ...]]:
+    """Query i takes (i + 1) ms, of which its rank server time is i x 100 us more than the others'."""
+    return [split_row(1000.0 * (i + 1), {**_timings(100.0, 50.0, 10.0),
+                                         "rank": (100.0 + 100.0 * i, 150.0 + 100.0 * i, 1 + i % 3),
+                                         TOTAL_STEP: (600.0 + 100.0 * i + 10.0, 0.0, 0)})
+            for i in range(n)]
+
+
+def test_the_slowest_band_holds_the_slowest_queries_and_their_parts() -> None:
+    split = TailSplit.of(_rows(1000))
+    assert split.queries == 1000
+    tail = split.band(99.0, 100.0)
+    assert tail is not None and tail["queries"] == 10
+    # queries 990..999: end to end 991..1000 ms (2% buckets put the edge within a query or two)
+    assert tail["end_to_end_us"] == pytest.approx(995_500, rel=0.003)
+    assert tail["stages"]["rank"]["server_us"] == pytest.approx(100 + 100 * 994.5, rel=0.003)
+    assert tail["stages"]["augment_user"] == {"server_us": 100.0, "hop_us": 50.0, "batch_size": 2.0}
+    assert tail["gateway_us"] == pytest.approx(10.0)
+    parts = (tail["client_us"] + tail["gateway_us"]
+             + sum(st["server_us"] + st["hop_us"] for st in tail["stages"].values()))
+    assert parts == pytest.approx(tail["end_to_end_us"], rel=1e-6)
+    median = split.band(45.0, 55.0)
+    assert median is not None and median["queries"] == 100
+    assert median["end_to_end_us"] == pytest.approx(500_500, rel=0.01)
+    assert TailSplit().band(99.0, 100.0) is None
+
+
+def test_splits_merge_exactly_and_cross_a_pipe() -> None:
+    rows = _rows(600)
+    whole = TailSplit.of(rows)
+    halves = TailSplit.of(rows[::2])
+    halves.add(TailSplit.from_wire(TailSplit.of(rows[1::2]).to_wire()))
+    assert halves.bands() == whole.bands()
+    assert sorted(halves.buckets) == sorted(whole.buckets)
+    for b, s in whole.buckets.items():
+        np.testing.assert_allclose(halves.buckets[b], s)
+
+
+def test_the_recorder_keeps_each_answered_query_split_through_a_merge() -> None:
+    parts = []
+    for k in range(2):
+        rec = Recorder(measure_from=0.0)
+        for i in range(300):
+            timings = [(s, 1000.0, 1500.0, 10.0, 990.0, 4) for s in STEPS] + [(TOTAL_STEP, 6100.0, 6100.0)]
+            rec.ok(1.0 + i, 1.0 + i, 1.0 + i + 0.007 + k * 0.001, timings)
+        rec.error(0.5, 0.5, 0.6, "UNAVAILABLE")  # an error has no split
+        parts.append(rec.finish())
+    m = merge(parts)
+    assert m.split.queries == 600 == m.ok
+    median = m.split.band(45.0, 55.0)
+    assert median is not None
+    assert median["gateway_us"] == pytest.approx(100.0) and median["stages"]["rank"]["batch_size"] == 4.0
+    assert median["end_to_end_us"] == pytest.approx(7500.0, rel=0.1)
+
+
+def _doc(ok: int) -> dict[str, object]:
+    return {"ok": ok, "attribution": TailSplit.of(_rows(ok)).bands()}
+
+
+def test_the_table_compares_the_median_and_the_slowest_one_percent() -> None:
+    lines = attribution_lines(_doc(ATTRIBUTION_MIN_QUERIES))
+    text = "\n".join(lines)
+    assert "the median queries against the slowest 1%" in text
+    median = next(line for line in lines if line.startswith("p45-p55 (100)"))
+    tail = next(line for line in lines if line.startswith("slowest 1% (10)"))
+    assert float(median.split()[-1]) == pytest.approx(500.5, rel=0.01)
+    assert float(tail.split()[-1]) == pytest.approx(995.5, rel=0.003)
+    assert "mean batch size, median -> slowest 1%: augment_user 2.0 -> 2.0" in text
+    assert all(len(line) <= 110 for line in lines)
+    # a run too small for its slowest 1% to mean anything gets no such table
+    assert attribution_lines(_doc(ATTRIBUTION_MIN_QUERIES - 1)) == []
+    assert attribution_lines({"ok": 5000}) == []
