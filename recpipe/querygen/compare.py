@@ -143,6 +143,7 @@ def markdown(runs: Sequence[tuple[str, dict[str, Any]]], charts: Sequence[str] =
         name = "**end to end** (client)" if row == "end_to_end" else row
         out.append(f"| {name} | " + " | ".join(cells) + " |")
     out += ["", *split_table(runs)]
+    out += attribution_table(runs)
     if len(runs) > 1:
         out.append("")
         for label, doc in runs[1:]:
@@ -174,4 +175,26 @@ def split_table(runs: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
             else:
                 cells += ["-", "-", "-"]
         out.append(f"| {stage} | " + " | ".join(cells) + " |")
+    return out
+
+
+def attribution_table(runs: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
+    """Where the median and the slowest 1% of each run's queries spent their time (mean ms of each part,
+    ``recpipe.querygen.attribution``), for runs that carry it (empty if none does)."""
+    have = [(label, doc["attribution"]) for label, doc in runs
+            if (doc.get("attribution") or {}).get("median") and doc["attribution"].get("p99")]
+    if not have:
+        return []
+    rows: list[tuple[str, Any]] = [
+        *((f"{stage} {part}", (lambda band, s=stage, k=f"{part}_us": band["stages"][s][k]))
+          for stage in STEPS for part in ("server", "hop")),
+        ("gateway", lambda band: band["gateway_us"]), ("client", lambda band: band["client_us"]),
+        ("**end to end**", lambda band: band["end_to_end_us"])]
+    out = ["", "Where the time went: the mean of each part of the median queries (p45-p55) and of the slowest 1% "
+           "(ms; hop = waiting in the gateway's batched hop, network and (de)serialisation):", "",
+           "| part | " + " | ".join(f"{lb} median | {lb} slowest 1%" for lb, _ in have) + " |",
+           "|---" * (1 + 2 * len(have)) + "|"]
+    for name, get in rows:
+        out.append(f"| {name} | " + " | ".join(f"{_ms(get(a['median']))} | {_ms(get(a['p99']))}" for _, a in have) + " |")
+    out.append("| queries | " + " | ".join(f"{a['median']['queries']} | {a['p99']['queries']}" for _, a in have) + " |")
     return out

@@ -64,6 +64,15 @@ def test_speedups_per_stage_and_end_to_end() -> None:
     md = compare.markdown([("A", a), ("B", b)])
     assert "| **end to end** (client) |" in md and "| gpu | none | H100 |" in md
     assert sum(line.startswith("- B is") for line in md.splitlines()) == 2
+    # where each run's median and slowest 1% of queries spent their time
+    assert "| part | A median | A slowest 1% | B median | B slowest 1% |" in md
+    rank = next(line for line in md.splitlines() if line.startswith("| rank server |"))
+    cells = [float(c) for c in rank.strip("|").split("|")[1:]]
+    assert cells[0] == pytest.approx(BASE["rank"], rel=0.03) and cells[2] == pytest.approx(FAST["rank"], rel=0.03)
+    assert "| rank hop | 0.100 | 0.100 | 0.100 | 0.100 |" in md
+    assert "| queries | 200 | 20 | 200 | 20 |" in md
+    # a run written before the parts were kept has none; the report leaves the table out
+    assert compare.attribution_table([("A", {k: v for k, v in a.items() if k != "attribution"})]) == []
 
 
 def test_speedup_ignores_timer_noise() -> None:
