@@ -2,8 +2,8 @@
 
 The hot path only appends floats to lists (tens of nanoseconds); histograms, and each answered query's
 split by stage (``recpipe.querygen.attribution``), are made once, after the run, so recording never
-steals time from sending. Every query carries three instants (perf_counter
-seconds): when it was *scheduled*, when it was actually *sent*, and when its answer came back.
+steals time from sending. Every query carries three instants (perf_counter seconds): when it was
+*scheduled*, when it was actually *sent*, and when its answer came back.
 End-to-end latency is ``done - scheduled``: a generator that falls behind still charges the delay to the
 query, as a real user arriving at the scheduled instant would have seen it (no coordinated omission).
 """
@@ -110,10 +110,14 @@ class Recorder:
             last_done=self.last_done,
             late_sends=sum(1 for v in self.lag_us if v > LATE_US),
             measure_from=self.measure_from,
-            split=TailSplit.of([split_row(e2e, {str(t[0]): (float(t[1]), float(t[2]), int(t[5]) if len(t) >= 6 else 0)
-                                                for t in timings})
-                                for e2e, timings in self.answered]),
+            split=TailSplit.of([_split(e2e, timings) for e2e, timings in self.answered]),
         )
+
+
+def _split(e2e_us: float, timings: Iterable[Timing]) -> tuple[float, ...]:
+    """One answered query's parts from its ``Timing`` tuples (``split_row``)."""
+    return split_row(e2e_us, {str(t[0]): (float(t[1]), float(t[2]), int(t[5]) if len(t) >= 6 else 0)
+                              for t in timings})
 
 
 @dataclass
