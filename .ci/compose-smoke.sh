@@ -210,11 +210,6 @@ read -r queries errors < <(python3 -c "import json,sys; d=json.load(open(sys.arg
   "$WORK/querygen.json")
 [ "$queries" = 200 ] && [ "$errors" = 0 ] || fail "querygen: $queries queries, $errors errors"
 timed "querygen 200 queries" "$(since "$t")"
-# the gateway sends each Rank batch to the first ranking replica with none of its calls out: lone
-# queries all meet ranking, and ranking-2 works once queries overlap (batches that travel together
-# leave it the stragglers: 3-8 of ~215 calls with 8 clients for 3 s, so 16 clients for 5 s)
-host_recpipe querygen --target 127.0.0.1:50051 --mode closed --concurrency 16 --duration 5 \
-  --out "$WORK/closed.json" --force --quiet || fail "recpipe querygen --mode closed"
 
 rank_calls() {  # rank_calls METRICS_PORT: Rank RPCs the ranking server on that port received
   python3 - "$1" <<'EOF'
@@ -224,8 +219,17 @@ print(int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
               if line.startswith("recpipe_requests_total{") and re.search(r'method="[^"]*Rank"', line))))
 EOF
 }
-r1=$(rank_calls 51054) r2=$(rank_calls 51055)
-log "Rank calls: ranking $r1, ranking-2 $r2"
+# the gateway sends each Rank batch to the first ranking replica with none of its calls out: lone
+# queries all meet ranking, and ranking-2 works once queries overlap (batches that travel together
+# leave it the stragglers: 3-8 of ~215 calls with 8 clients for 3 s, 4-17 with 16 clients for 5 s, so
+# up to three such loops until it has had one)
+for attempt in 1 2 3; do
+  host_recpipe querygen --target 127.0.0.1:50051 --mode closed --concurrency 16 --duration 5 \
+    --out "$WORK/closed.json" --force --quiet || fail "recpipe querygen --mode closed"
+  r1=$(rank_calls 51054) r2=$(rank_calls 51055)
+  log "Rank calls after closed loop $attempt: ranking $r1, ranking-2 $r2"
+  [ "$r2" -gt 0 ] && break
+done
 [ "$r1" -gt 0 ] && [ "$r2" -gt 0 ] || fail "the gateway did not use both ranking replicas ($r1 / $r2)"
 
 # A second `up`: init runs again, finds the trained repository and exits without training.
