@@ -174,8 +174,10 @@ def attribution_lines(doc: Mapping[str, Any]) -> list[str]:
         cells = [f"{_ms(st['server_us'])}+{_ms(st['hop_us'])}" for st in (band["stages"][s] for s in STEPS)]
         table.add([f"{label} ({band['queries']})", *cells, _ms(band["gateway_us"]), _ms(band["client_us"]),
                    _ms(band["end_to_end_us"])])
-    sizes = [f"{s} {median['stages'][s]['batch_size']:.1f} -> {tail['stages'][s]['batch_size']:.1f}"
-             for s in STEPS if median["stages"][s]["batch_size"] and tail["stages"][s]["batch_size"]]
+    both = [(s, median["stages"][s]["batch_size"], tail["stages"][s]["batch_size"]) for s in STEPS]
+    # (a run of lone queries, batches of one everywhere, needs no such line)
+    sizes = [f"{s} {a:.1f} -> {b:.1f}" for s, a, b in both if a and b] if any(
+        (a or 1.0) != 1.0 or (b or 1.0) != 1.0 for _, a, b in both) else []
     notes = ["where the time went: the median queries against the slowest 1%; each stage as server+hop (hop = "
              "waiting in the gateway's batched hop, network and (de)serialisation)"]
     if sizes:

@@ -103,3 +103,7 @@ def test_the_table_compares_the_median_and_the_slowest_one_percent() -> None:
     # a run too small for its slowest 1% to mean anything gets no such table
     assert attribution_lines(_doc(ATTRIBUTION_MIN_QUERIES - 1)) == []
     assert attribution_lines({"ok": 5000}) == []
+    # lone queries everywhere: no batch-size line
+    lone = {"ok": 1000, "attribution": TailSplit.of([split_row(1000.0 * (i + 1), _timings(100.0, 50.0, 10.0, batch=1))
+                                                     for i in range(1000)]).bands()}
+    assert not any("batch size" in line for line in attribution_lines(lone))
