@@ -157,6 +157,7 @@ def markdown(doc: dict[str, Any], charts: tuple[str, ...] = CHARTS) -> str:
                        f"{_ms(parts['queue'])} | {_ms(parts['compute'])} | {_ms(parts['network'])} |")
         e = seq["end_to_end"]
         out += [f"| **end to end** | {_ms(e['p50_us'])} | {_ms(e['p99_us'])} | | | | |", ""]
+        out += _tail_line("Sequential", seq.get("attribution"))
         out += _cpu_table("CPU seconds per query (ms of CPU) per process, sequential:", seq["cpu_s_per_query"])
         out += _gpu_line(seq)
     if sweep := sec.get("sweep"):
@@ -170,7 +171,9 @@ def markdown(doc: dict[str, Any], charts: tuple[str, ...] = CHARTS) -> str:
             cells += [f"{_ms(p['stages'][st]['p50_us'])} / {_ms(p['stages'][st]['p99_us'])}" for st in STEPS]
             cells += [_cpu_ms(p["cpu_s_per_query"].get(q)) for q in procs]
             out.append("| " + " | ".join(cells) + " |")
-        out += ["", *_gpu_line(sweep)]
+        peak = next((p for p in sweep["points"] if p["concurrency"] == sweep["peak_concurrency"]), None)
+        out += ["", *_tail_line(f"At the sweep's peak ({sweep['peak_concurrency']} clients)",
+                                peak.get("attribution") if peak else None), *_gpu_line(sweep)]
     if slo := sec.get("slo"):
         out += ["## SLO search (highest open-loop rate with end-to-end p99 under the bound)", "",
                 "| p99 bound ms | max rate q/s | steps |", "|---|---|---|"]
@@ -207,6 +210,31 @@ def _cpu_ms(v: float | None) -> str:
 def _cpu_table(head: str, cpu: dict[str, float | None]) -> list[str]:
     return [head, "", "| " + " | ".join(cpu) + " |", "|---" * len(cpu) + "|",
             "| " + " | ".join(_cpu_ms(v) for v in cpu.values()) + " |", ""]
+
+
+#: fewest queries in the slowest 1% for the report to say where their time went (500 sequential queries)
+TAIL_MIN_QUERIES = 5
+
+
+def _tail_line(where: str, attribution: dict[str, Any] | None) -> list[str]:
+    """Where the slowest 1% of a load's queries spent their time (``recpipe.querygen.attribution``): its
+    three largest parts (a stage's server and hop time counted together) out of their end-to-end mean;
+    nothing for a document from before the split was kept, or a load too short for its slowest 1% to be
+    ``TAIL_MIN_QUERIES`` queries."""
+    tail = (attribution or {}).get("p99")
+    if not tail or tail["queries"] < TAIL_MIN_QUERIES:
+        return []
+    parts = {st: b["server_us"] + b["hop_us"] for st, b in tail["stages"].items()}
+    parts.update(gateway=tail["gateway_us"], client=tail["client_us"])
+    top = sorted(parts.items(), key=lambda kv: -kv[1])[:3]
+    shown = []
+    for name, us in top:
+        b = tail["stages"].get(name)
+        inner = f" (server {_ms(b['server_us'])} + hop {_ms(b['hop_us'])})" if b else ""
+        shown.append(f"{name} {_ms(us)}{inner}")
+    return [f"{where}, the slowest 1% of queries ({tail['queries']}, {_ms(tail['end_to_end_us'])} ms end to end on "
+            f"average) spent most in: " + ", ".join(shown) + " ms (`recpipe report` on a querygen run shows every "
+            "part).", ""]
 
 
 def _gpu_line(block: dict[str, Any]) -> list[str]:

@@ -210,7 +210,7 @@ def sequential_section(settings: Settings, ch: Chain) -> dict[str, Any]:
         "end_to_end": doc["end_to_end"], "pipeline_total": _pcts(doc["pipeline_total"]),
         "stages": {s: _stage_block(doc["stages"][s]) for s in STEPS},
         "cpu_s_per_query": cpu, "transfers_per_query": transfers, "pipeline": doc["pipeline"],
-        "model_version": doc["model_version"], "warnings": doc["warnings"],
+        "model_version": doc["model_version"], "warnings": doc["warnings"], "attribution": doc["attribution"],
     }
 
 
@@ -237,7 +237,8 @@ def sweep_section(settings: Settings, ch: Chain, time_left: Callable[[], float],
                        "errors": doc["errors"], "p50_us": e2e["p50_us"], "p99_us": e2e["p99_us"],
                        "stages": {st: {"p50_us": doc["stages"][st]["p50_us"], "p99_us": doc["stages"][st]["p99_us"]}
                                   for st in STEPS},
-                       "cpu_s_per_query": cpu, "gpu_busy": busy.fraction_since(mark) if busy is not None else None})
+                       "cpu_s_per_query": cpu, "gpu_busy": busy.fraction_since(mark) if busy is not None else None,
+                       "attribution": doc["attribution"]})
         say(f"sweep: {c} clients -> {doc['achieved_rate']:.1f} q/s, p99 {e2e['p99_us'] / 1000:.2f} ms")
         if e2e["p99_us"] > s.sweep_p99_ms * 1000:
             stop = f"p99 {e2e['p99_us'] / 1000:.2f} ms passed the {s.sweep_p99_ms:g} ms bound"

@@ -74,6 +74,18 @@ def test_characterize_quick_resumes_reports_and_compares(
     report = a / "report"
     assert "## Closed-loop concurrency sweep" in (report / MARKDOWN).read_text()
     assert "_not measured: CPU run (--device cpu)._" in (report / MARKDOWN).read_text()
+    # where the slowest 1% went, sequential and at the sweep's peak: the same queries' parts
+    peak = next(p for p in points if p["concurrency"] == sec["sweep"]["peak_concurrency"])
+    for block in (seq, peak):
+        tail = block["attribution"]["p99"]
+        parts = tail["client_us"] + tail["gateway_us"] + sum(
+            b["server_us"] + b["hop_us"] for b in tail["stages"].values())
+        assert parts == pytest.approx(tail["end_to_end_us"], rel=1e-3)
+    # the report says so where the slowest 1% are 5 queries or more (a quick run's sequential part is not)
+    said = f"At the sweep's peak ({peak['concurrency']} clients), the slowest 1% of queries"
+    assert (said in (report / MARKDOWN).read_text()) == (peak["attribution"]["p99"]["queries"] >= 5)
+    assert ("Sequential, the slowest 1%" in (report / MARKDOWN).read_text()) == (
+        seq["attribution"]["p99"]["queries"] >= 5)
     for chart in CHARTS:
         assert (report / chart).read_bytes().startswith(PNG)
 

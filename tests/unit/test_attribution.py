@@ -107,3 +107,16 @@ def test_the_table_compares_the_median_and_the_slowest_one_percent() -> None:
     lone = {"ok": 1000, "attribution": TailSplit.of([split_row(1000.0 * (i + 1), _timings(100.0, 50.0, 10.0, batch=1))
                                                      for i in range(1000)]).bands()}
     assert not any("batch size" in line for line in attribution_lines(lone))
+
+
+def test_a_characterization_report_names_the_slowest_one_percents_largest_parts() -> None:
+    from recpipe.characterize import report
+
+    bands = TailSplit.of(_rows(1000)).bands()
+    line = report._tail_line("At the sweep's peak (8 clients)", bands)[0]
+    assert line.startswith("At the sweep's peak (8 clients), the slowest 1% of queries (10, 994.00 ms end to end")
+    # the three largest parts, largest first: the client's, then rank's (server + hop), then a stage's
+    assert "spent most in: client 894.09, rank 99.45 (server 99.40 + hop 0.050), augment_user 0.150" in line
+    # too few queries in the slowest 1%, or a document from before the split: nothing
+    assert report._tail_line("Sequential", TailSplit.of(_rows(400)).bands()) == []
+    assert report._tail_line("Sequential", None) == []
