@@ -184,6 +184,11 @@ def markdown(doc: dict[str, Any], charts: tuple[str, ...] = CHARTS) -> str:
         if slo.get("skipped_for_budget_ms"):
             out.append(f"\nNot searched (budget): {slo['skipped_for_budget_ms']}")
         out += [""]
+        for srch in slo["searches"]:
+            knee, bound = srch.get("knee") or {}, f"p99 <= {srch['p99_bound_ms']:g} ms"
+            for side, what in (("met", "the highest that met it"), ("missed", "the lowest above it that missed")):
+                if step := knee.get(side):
+                    out += _tail_line(f"{bound}, at {step['rate']:.1f} q/s ({what})", step["attribution"])
     if micro := sec.get("micro"):
         out += ["## Micro-benchmarks", "", "| bench | form | p50 ms | p99 ms | p50 ms per query |", "|---|---|---|---|---|"]
         for b in micro["benches"]:

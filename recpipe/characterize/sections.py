@@ -275,18 +275,32 @@ def slo_section(settings: Settings, ch: Chain, start_rate: float | None,
             f"at most {s.slo_max_steps}")
         config = _config(settings, ch.gateway, mode="open", rate=start, duration=s.slo_step_s, slo_p99_ms=bound)
         before = ch.cpu()
-        result, sent, sender_cpu_s = loops.run(_search(config, bound, start, s.slo_max_steps))
+        result, sent, sender_cpu_s, bands = loops.run(_search(config, bound, start, s.slo_max_steps))
         cpu = cputime.per_query(before, _with_senders(ch.cpu(), sender_cpu_s), sent)
         searches.append({"p99_bound_ms": bound, "max_rate": result.max_rate, "curve": result.curve,
-                         "step_duration_s": s.slo_step_s, "cpu_s_per_query": cpu})
+                         "step_duration_s": s.slo_step_s, "cpu_s_per_query": cpu,
+                         **_knee_attribution(result.max_rate, result.curve, bands)})
         rate = result.max_rate
         say(f"slo: p99 <= {bound:g} ms -> " + (f"{rate:.1f} q/s" if rate else "no rate met it"))
     return {"start_rate": start, "searches": searches, "skipped_for_budget_ms": skipped}
 
 
-async def _search(config: Any, bound_ms: float, start: float, max_steps: int) -> tuple[Any, int, float]:
-    """One SLO search over a querygen session; returns the result, the queries sent (warm-ups too) and
-    the CPU seconds of the generator's sender processes (0 with one)."""
+def _knee_attribution(max_rate: float | None, curve: list[dict[str, Any]],
+                      bands: dict[float, dict[str, Any]]) -> dict[str, Any]:
+    """``knee``: where the queries' time went (querygen's ``attribution``) at the highest rate that met
+    the bound (``met``) and at the lowest rate above it that did not (``missed``), each as {rate,
+    attribution}; None where that side has no step."""
+    missed = [c["target_rate"] for c in curve if not c["meets_slo"] and (max_rate is None or c["target_rate"] > max_rate)]
+    sides = {"met": max_rate, "missed": min(missed) if missed else None}
+    return {"knee": {side: None if rate is None else {"rate": rate, "attribution": bands.get(rate)}
+                     for side, rate in sides.items()}}
+
+
+async def _search(config: Any, bound_ms: float, start: float,
+                  max_steps: int) -> tuple[Any, int, float, dict[float, dict[str, Any]]]:
+    """One SLO search over a querygen session; returns the result, the queries sent (warm-ups too), the
+    CPU seconds of the generator's sender processes (0 with one) and each step's ``attribution`` by its
+    offered rate."""
     from recpipe.querygen.session import Session
     from recpipe.querygen.slo import SloSearch, SloStep, find_max_rate
 
@@ -294,12 +308,14 @@ async def _search(config: Any, bound_ms: float, start: float, max_steps: int) ->
     search = SloSearch(bound_ms * 1000, start, max_steps=max_steps, min_rate=MIN_STEP_QUERIES / config.duration)
     sent = 0
     sender_cpu_s = 0.0
+    bands: dict[float, dict[str, Any]] = {}
     await session.open()
     try:
         async def step(rate: float) -> SloStep:
             nonlocal sent, sender_cpu_s
             measured = await session.measure(rate, f"SLO p99 <= {bound_ms:g} ms, {rate:.1f} q/s")
             m, achieved = measured.measurement, measured.achieved
+            bands[rate] = m.split.bands()
             sent += m.queries + m.warmup_queries
             sender_cpu_s += measured.sender_cpu_s
             e2e = m.end_to_end
@@ -307,7 +323,7 @@ async def _search(config: Any, bound_ms: float, start: float, max_steps: int) ->
             return SloStep(rate, round(achieved, 3), e2e.percentile_us(50), e2e.percentile_us(99),
                            e2e.percentile_us(99.9), m.queries, m.error_count)
 
-        return await find_max_rate(search, step), sent, sender_cpu_s
+        return await find_max_rate(search, step), sent, sender_cpu_s, bands
     finally:
         await session.close()
 

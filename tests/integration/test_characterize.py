@@ -62,6 +62,11 @@ def test_characterize_quick_resumes_reports_and_compares(
     assert all(p["gpu_busy"] is None for p in points) and sec["sweep"]["peak_gpu_busy"] is None
     searches = sec["slo"]["searches"]
     assert [x["p99_bound_ms"] for x in searches] == s["sizes"]["slo_bounds_ms"]
+    for x in searches:  # the two sides of each knee, with their steps' split by query
+        met = x["knee"]["met"]
+        assert (met is None) == (x["max_rate"] is None) and (met is None or met["rate"] == x["max_rate"])
+        for step in (v for v in x["knee"].values() if v is not None):
+            assert step["attribution"]["p99"]["end_to_end_us"] > 0
     assert all(1 <= len(x["curve"]) <= s["sizes"]["slo_max_steps"] for x in searches)
     benches = sec["micro"]["benches"]
     assert [x["name"].split()[0] for x in benches] == ["ranking", "retrieval", "features", "hop", "ranking"]

@@ -3,6 +3,9 @@ exact merges, and the lines of the run table."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -120,3 +123,27 @@ def test_a_characterization_report_names_the_slowest_one_percents_largest_parts(
     # too few queries in the slowest 1%, or a document from before the split: nothing
     assert report._tail_line("Sequential", TailSplit.of(_rows(400)).bands()) == []
     assert report._tail_line("Sequential", None) == []
+
+
+def test_an_slo_search_keeps_both_sides_of_its_knee_and_the_report_says_where_their_time_went() -> None:
+    from recpipe.characterize import report
+    from recpipe.characterize.sections import _knee_attribution
+
+    bands = {r: TailSplit.of(_rows(1000)).bands() for r in (100.0, 200.0, 150.0, 175.0)}
+    curve = [{"target_rate": 100.0, "meets_slo": True}, {"target_rate": 150.0, "meets_slo": True},
+             {"target_rate": 175.0, "meets_slo": False}, {"target_rate": 200.0, "meets_slo": False}]
+    knee = _knee_attribution(150.0, curve, bands)["knee"]
+    assert knee["met"]["rate"] == 150.0 and knee["missed"]["rate"] == 175.0
+    assert knee["met"]["attribution"] == bands[150.0]
+    # nothing met the bound: only the lowest rate that missed; nothing missed: only the highest that met
+    assert _knee_attribution(None, curve[2:], bands)["knee"] == {"met": None, "missed": {"rate": 175.0,
+                                                                                            "attribution": bands[175.0]}}
+    assert _knee_attribution(150.0, curve[:2], bands)["knee"]["missed"] is None
+    # on a real characterization (the H200 reference, from before the split was kept: no such lines)
+    doc = json.loads((Path(__file__).parents[1] / "data" / "characterization_h200_03a97ac.json").read_text())
+    assert not [line for line in report.markdown(doc, charts=()).splitlines() if "slowest 1%" in line]
+    search = doc["sections"]["slo"]["searches"][0]
+    search.update(p99_bound_ms=20.0, max_rate=150.0, curve=curve, knee=knee)
+    lines = [line for line in report.markdown(doc, charts=()).splitlines() if "slowest 1%" in line]
+    assert [line.split(",")[0:2] for line in lines] == [["p99 <= 20 ms", " at 150.0 q/s (the highest that met it)"],
+                                                         ["p99 <= 20 ms", " at 175.0 q/s (the lowest above it that missed)"]]
