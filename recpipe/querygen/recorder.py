@@ -1,8 +1,8 @@
 """Per-query outcomes in, latency summaries out.
 
-The hot path only appends floats to lists (tens of nanoseconds); histograms, and each answered query's
-split by stage (``recpipe.querygen.attribution``), are made once, after the run, so recording never
-steals time from sending. Every query carries three instants (perf_counter seconds): when it was
+The hot path only appends to lists (tens of nanoseconds): each answer's latency and its stages' timings.
+The histograms, and each answered query's split by stage (``recpipe.querygen.attribution``), are made
+once, after the run, so recording never steals time from sending. Every query carries three instants (perf_counter seconds): when it was
 *scheduled*, when it was actually *sent*, and when its answer came back.
 End-to-end latency is ``done - scheduled``: a generator that falls behind still charges the delay to the
 query, as a real user arriving at the scheduled instant would have seen it (no coordinated omission).
@@ -38,13 +38,8 @@ class Recorder:
     measure_from: float
     e2e_us: list[float] = field(default_factory=list)
     lag_us: list[float] = field(default_factory=list)
-    server_us: dict[str, list[float]] = field(default_factory=dict)
-    observed_us: dict[str, list[float]] = field(default_factory=dict)
-    queue_us: dict[str, list[float]] = field(default_factory=dict)
-    compute_us: dict[str, list[float]] = field(default_factory=dict)
-    batch_sizes: dict[str, list[int]] = field(default_factory=dict)
-    #: each answered query's end-to-end us and timings, split into parts after the run
-    #: (``recpipe.querygen.attribution.split_row``)
+    #: each answered query's end-to-end us and timings: the stages' histograms and the query's split
+    #: into parts (``recpipe.querygen.attribution.split_row``) are made from them after the run
     answered: list[tuple[float, list[Timing]]] = field(default_factory=list)
     errors: Counter[str] = field(default_factory=Counter)
     warmup_queries: int = 0
@@ -69,16 +64,7 @@ class Recorder:
             return
         e2e = (done - scheduled) * 1e6
         self.e2e_us.append(e2e)
-        timings = timings if isinstance(timings, list) else list(timings)
-        self.answered.append((e2e, timings))
-        for t in timings:
-            stage = str(t[0])
-            self.server_us.setdefault(stage, []).append(float(t[1]))
-            self.observed_us.setdefault(stage, []).append(float(t[2]))
-            if len(t) >= 6 and int(t[5]) > 0:
-                self.queue_us.setdefault(stage, []).append(float(t[3]))
-                self.compute_us.setdefault(stage, []).append(float(t[4]))
-                self.batch_sizes.setdefault(stage, []).append(int(t[5]))
+        self.answered.append((e2e, timings if isinstance(timings, list) else list(timings)))
 
     def error(self, scheduled: float, sent: float, done: float, code: str) -> None:
         if self._measured(scheduled, sent, done):
@@ -95,9 +81,26 @@ class Recorder:
                 h.record_many_us(values)
             return h
 
-        stages = {s: StageHistograms(hist(self.observed_us.get(s, [])), hist(self.server_us.get(s, [])),
-                                     hist(self.queue_us.get(s, [])), hist(self.compute_us.get(s, [])),
-                                     list(self.batch_sizes.get(s, [])))
+        server: dict[str, list[float]] = {}
+        observed: dict[str, list[float]] = {}
+        queue: dict[str, list[float]] = {}
+        compute: dict[str, list[float]] = {}
+        batches: dict[str, list[int]] = {}
+        splits = []
+        for e2e, timings in self.answered:
+            parts = {}
+            for t in timings:
+                stage, batch = str(t[0]), int(t[5]) if len(t) >= 6 else 0
+                server.setdefault(stage, []).append(float(t[1]))
+                observed.setdefault(stage, []).append(float(t[2]))
+                if batch > 0:  # the stage reported its batcher's split
+                    queue.setdefault(stage, []).append(float(t[3]))
+                    compute.setdefault(stage, []).append(float(t[4]))
+                    batches.setdefault(stage, []).append(batch)
+                parts[stage] = (float(t[1]), float(t[2]), batch)
+            splits.append(split_row(e2e, parts))
+        stages = {s: StageHistograms(hist(observed.get(s, [])), hist(server.get(s, [])), hist(queue.get(s, [])),
+                                     hist(compute.get(s, [])), batches.get(s, []))
                   for s in (*STEPS, TOTAL_STEP)}
         return Measurement(
             end_to_end=hist(self.e2e_us),
@@ -110,14 +113,8 @@ class Recorder:
             last_done=self.last_done,
             late_sends=sum(1 for v in self.lag_us if v > LATE_US),
             measure_from=self.measure_from,
-            split=TailSplit.of([_split(e2e, timings) for e2e, timings in self.answered]),
+            split=TailSplit.of(splits),
         )
-
-
-def _split(e2e_us: float, timings: Iterable[Timing]) -> tuple[float, ...]:
-    """One answered query's parts from its ``Timing`` tuples (``split_row``)."""
-    return split_row(e2e_us, {str(t[0]): (float(t[1]), float(t[2]), int(t[5]) if len(t) >= 6 else 0)
-                              for t in timings})
 
 
 @dataclass
