@@ -14,9 +14,11 @@ DEFAULT_MAX_IN_FLIGHT = 512
 #: Stage calls per batch call at most (``recpipe.gateway.hops``): the stages' batchers' GPU default.
 DEFAULT_HOP_MAX_BATCH = 32
 #: How long a batch may wait for the queries at the hop before its own, which reach it next (a lone
-#: query has none behind it and never waits). On 2 cores, closed loop of 8, it took the stage RPCs per
-#: query from 2.13-2.16 to 0.86 and the serving CPU per query from 3.4-3.6 to 2.5-2.8 ms; an open
-#: loop's SLO rate did not move beyond the machine's noise (BENCHMARKS.md).
+#: query has none behind it and never waits), where ``--hop-upstream-wait-us auto`` turns it on: on a
+#: machine with fewer cores than the chain has processes, where the queries wait for CPU. On 2 cores,
+#: closed loop of 8, it took the stage RPCs per query from 2.13-2.16 to 0.86 and the serving CPU per
+#: query from 3.4-3.6 to 2.5-2.8 ms. With cores to spare it only adds waiting: on 16 cores with an
+#: H200, the highest rate with p99 <= 20 ms was 454 q/s with it against 831 without (BENCHMARKS.md).
 DEFAULT_HOP_UPSTREAM_WAIT_US = 2000
 
 
@@ -30,11 +32,13 @@ class GatewayOptions(StageOptions):
                                                             f"call, at most (1 = every call alone; default {DEFAULT_HOP_MAX_BATCH})")
     hop_queue_delay_us: int = option(0, help="gateway: how long a stage call may wait for others to batch with, in µs "
                                              "(0 = send what is queued, so a lone query never waits; default 0)")
-    hop_upstream_wait_us: int = option(DEFAULT_HOP_UPSTREAM_WAIT_US,
-                                       help="gateway: how long a stage call may wait for the queries at the hop before "
-                                            "it, so they go in one batch call, in µs: fewer RPCs and less CPU per query "
-                                            "(a lone query has none behind it and never waits; 0 = never; default "
-                                            f"{DEFAULT_HOP_UPSTREAM_WAIT_US})")
+    hop_upstream_wait_us: int | str = option("auto", metavar="US|auto",
+                                             help="gateway: how long a stage call may wait for the queries at the hop "
+                                                  "before it, so they go in one batch call, in µs: fewer RPCs and less CPU "
+                                                  "per query, more waiting (a lone query has none behind it and never "
+                                                  "waits; 0 = never). auto (the default): "
+                                                  f"{DEFAULT_HOP_UPSTREAM_WAIT_US} where the machine has fewer cores than "
+                                                  "the chain has processes, else 0")
     hop_max_in_flight: int = option(0, help="gateway: batch calls out at once per stage method, spread evenly over its "
                                             "replicas (default 0 = one per replica)")
 
@@ -43,9 +47,22 @@ class GatewayOptions(StageOptions):
             raise UsageError(f"--max-in-flight must be >= 1, got {self.max_in_flight}")
         if self.hop_max_batch < 1:
             raise UsageError(f"--hop-max-batch must be >= 1, got {self.hop_max_batch}")
-        if self.hop_queue_delay_us < 0 or self.hop_max_in_flight < 0 or self.hop_upstream_wait_us < 0:
+        wait = self.hop_upstream_wait_us
+        if isinstance(wait, str) and wait != "auto":
+            if not wait.isdigit():
+                raise UsageError(f"--hop-upstream-wait-us must be a number of µs or auto, got {wait!r}")
+            object.__setattr__(self, "hop_upstream_wait_us", int(wait))  # as given on a command line
+        if self.hop_queue_delay_us < 0 or self.hop_max_in_flight < 0 or self.upstream_wait_us(1, 1) < 0:
             raise UsageError("--hop-queue-delay-us, --hop-upstream-wait-us and --hop-max-in-flight must be >= 0")
 
-    @property
-    def hops(self) -> HopConfig:
-        return HopConfig(self.hop_max_batch, self.hop_queue_delay_us, self.hop_max_in_flight, self.hop_upstream_wait_us)
+    def upstream_wait_us(self, processes: int, cores: int) -> int:
+        """``--hop-upstream-wait-us`` for a chain of ``processes`` serving processes on ``cores`` cores
+        (``auto``: ``DEFAULT_HOP_UPSTREAM_WAIT_US`` where the processes outnumber the cores, else 0)."""
+        if self.hop_upstream_wait_us == "auto":
+            return DEFAULT_HOP_UPSTREAM_WAIT_US if cores < processes else 0
+        return int(self.hop_upstream_wait_us)
+
+    def hops(self, processes: int, cores: int) -> HopConfig:
+        """The hops' settings for a chain of ``processes`` serving processes on ``cores`` cores."""
+        return HopConfig(self.hop_max_batch, self.hop_queue_delay_us, self.hop_max_in_flight,
+                         self.upstream_wait_us(processes, cores))

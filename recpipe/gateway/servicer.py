@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import os
 
 from grpc import aio
 
@@ -12,6 +13,7 @@ from recpipe.gateway import NAME, UPSTREAM
 from recpipe.gateway.admission import Admission
 from recpipe.gateway.chain import Chain
 from recpipe.gateway.clients import GrpcFeatureClient, GrpcRankingClient, GrpcRetrievalClient
+from recpipe.gateway.hops import replica_targets
 from recpipe.gateway.options import GatewayOptions
 from recpipe.gateway.readiness import ChainReadiness
 from recpipe.serving.stage import ReadinessWatch, Stage, StageInfo, check_deadline
@@ -39,7 +41,7 @@ class GatewayStage(Stage):
     async def load(self) -> None:
         """Open the stage channels (inside the server's event loop; they connect lazily and reconnect
         by themselves when a stage restarts)."""
-        hops = self.options.hops
+        hops = self.options.hops(self.chain_processes(), _usable_cores())
         clients = (
             GrpcFeatureClient(self.targets["features"], hops=hops),
             GrpcRetrievalClient(self.targets["retrieval"], hops=hops),
@@ -56,6 +58,11 @@ class GatewayStage(Stage):
                 hop.upstream = functools.partial(chain.between, step - 1, step)
             chain.on_pass[step] = hop.nudge
 
+    def chain_processes(self) -> int:
+        """The chain's serving processes as this gateway knows them: itself and every replica its targets
+        list (what ``--hop-upstream-wait-us auto`` weighs against the cores)."""
+        return 1 + sum(len(replica_targets(target)) for target in self.targets.values())
+
     def readiness(self) -> ReadinessWatch | None:
         """The gateway is SERVING only while every stage it calls is (``recpipe.gateway.readiness``)."""
         if self._clients is None:
@@ -69,8 +76,12 @@ class GatewayStage(Stage):
         hops = {f"hop_{name}": f"{hop.calls} calls in {hop.batches} batch calls (up to {hop.config.max_batch}, "
                                 f"{hop.max_in_flight} out at once)"
                 for client in (self._clients or ()) for name, hop in client.hops.items()}
+        wait = {} if self._clients is None else {
+            "upstream_wait_us": f"{self._clients[0].hops['AugmentItems'].config.upstream_wait_us} "
+                                    f"({self.options.hop_upstream_wait_us}: {self.chain_processes()} processes, "
+                                    f"{_usable_cores()} cores)"}
         return StageInfo(self.name, "cpu", version, 1, {**self.targets, "max_in_flight": str(self.admission.max_in_flight),
-                                                         **hops})
+                                                         **hops, **wait})
 
     async def close(self) -> None:
         if self._clients is not None:
@@ -106,3 +117,8 @@ class GatewayStage(Stage):
                      for t in rec.timings],
             model_version=rec.model_version,
         )
+
+
+def _usable_cores() -> int:
+    """The cores this process may run on (its affinity mask), else the machine's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -4,6 +4,7 @@ answers equal an unbatched gateway's over the same stages."""
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -12,7 +13,7 @@ import pytest
 
 from recpipe.client import RecommendClient
 from recpipe.errors import UnknownUser
-from recpipe.gateway.options import GatewayOptions
+from recpipe.gateway.options import DEFAULT_HOP_UPSTREAM_WAIT_US, GatewayOptions
 from recpipe.gateway.servicer import GatewayStage
 from recpipe.serving import codec
 from recpipe.v1 import (
@@ -150,6 +151,10 @@ def test_a_batched_gateway_answers_as_an_unbatched_one_and_batches_the_queries_i
     sent = [int(v.split(" calls in ")[0]) for v in calls.values()]
     batches = [int(v.split(" calls in ")[1].split(" ")[0]) for v in calls.values()]
     assert sum(batches) < sum(sent), calls
+    # the default upstream wait, resolved against this machine: on only where the chain's processes
+    # (the gateway and the three stages here) outnumber the cores
+    cores = len(os.sched_getaffinity(0))
+    assert hops["upstream_wait_us"] == f"{DEFAULT_HOP_UPSTREAM_WAIT_US if cores < 4 else 0} (auto: 4 processes, {cores} cores)"
 
 
 def _hop_counts(gateway) -> dict[str, tuple[int, int]]:  # type: ignore[no-untyped-def]
@@ -178,6 +183,7 @@ def test_hops_that_wait_for_the_queries_upstream_send_them_together_with_the_sam
         np.testing.assert_array_equal(g.item_ids, w.item_ids)  # type: ignore[attr-defined]
         np.testing.assert_allclose(g.scores, w.scores, rtol=1e-5, atol=1e-6)  # type: ignore[attr-defined]
     after = _hop_counts(waiting)
+    assert waiting.stage.info().details["upstream_wait_us"].startswith("200000 (200000: 4 processes")
     for hop in ("hop_Retrieve", "hop_AugmentItems", "hop_Rank"):
         calls, batches = (after[hop][i] - before[hop][i] for i in (0, 1))
         # less the unknown user, plus the lone query; the rest met at each later hop: the lone query's

@@ -43,11 +43,30 @@ def test_options_round_trip_through_the_command_line() -> None:
     assert argv == ["--no-cuda-graphs", "--retrieval-precision", "bf16", "--rescore", "4",
                     "--ranking-precision", "int8", "--embeddings", "host", "--max-in-flight", "7",
                     "--hop-max-batch", "8", "--hop-queue-delay-us", "0", "--hop-upstream-wait-us",
-                    str(DEFAULT_HOP_UPSTREAM_WAIT_US), "--hop-max-in-flight", "0"]
+                    "auto", "--hop-max-in-flight", "0"]
     back = REGISTRY.options(parse(argv))
     for name, opts in chosen.items():
         assert back[name] == opts
     assert REGISTRY.options(parse([]))["retrieval"] == RetrievalOptions()
+
+
+def test_the_upstream_wait_is_on_only_where_the_chain_outnumbers_the_cores() -> None:
+    auto = GatewayOptions()
+    assert auto.hop_upstream_wait_us == "auto"
+    assert auto.upstream_wait_us(processes=4, cores=2) == DEFAULT_HOP_UPSTREAM_WAIT_US  # the 2-core VM
+    assert auto.hops(processes=5, cores=2).upstream_wait_us == DEFAULT_HOP_UPSTREAM_WAIT_US  # compose
+    assert auto.upstream_wait_us(processes=4, cores=4) == 0
+    assert auto.hops(processes=7, cores=16).upstream_wait_us == 0  # the H200 box, 2 replicas a stage
+    for given in (0, 500, "0", "500"):
+        chosen = REGISTRY.options(parse(["--hop-upstream-wait-us", str(given)]))["gateway"]
+        assert isinstance(chosen, GatewayOptions)
+        assert chosen == GatewayOptions(hop_upstream_wait_us=int(given))  # a number given is used as is
+        assert chosen.upstream_wait_us(processes=4, cores=2) == chosen.upstream_wait_us(processes=4, cores=64) == int(given)
+    for bad in ("-1", "2ms", ""):
+        with pytest.raises(UsageError, match="--hop-upstream-wait-us must be a number of µs or auto"):
+            REGISTRY.options(parse(["--hop-upstream-wait-us", bad]))
+    with pytest.raises(UsageError, match="--hop-upstream-wait-us"):
+        GatewayOptions(hop_upstream_wait_us=-1)
 
 
 def test_a_bad_value_on_the_command_line_is_a_usage_error() -> None:
