@@ -78,6 +78,7 @@ def test_every_reference_has_its_report_and_its_charts_stay_small() -> None:
 
 @pytest.mark.parametrize("pair", [("h200-cuda-03a97ac", "h200-cpu-03a97ac"),
                                   ("h200-cuda-03a97ac", "h200-cuda-83e711b"),
+                                  ("h200-cuda-d26ae00", "h200-cuda-wait0-d26ae00"),
                                   ("h200-cpu-03a97ac", "epyc-2c-cpu-03a97ac")])
 def test_report_compares_the_committed_documents(pair: tuple[str, str], tmp_path: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
