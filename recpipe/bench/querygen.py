@@ -202,7 +202,9 @@ def run(args: argparse.Namespace) -> int:
             two = [r for r in results if r["rate"] == rate and r["loop"] == SELECT and r["processes"] == 2]
             gen = statistics.median(float(r["generator_cpu_us_per_query"] or 0) for r in two)
             srv = statistics.median(float(r["server_cpu_us_per_query"] or 0) for r in two)
-            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+            from recpipe.serving.threads import usable_cores
+
+            cores = usable_cores()
             if gen + srv > 0:
                 print(f"  the machine's bound: {cores} cores / ({gen:.0f} generator + {srv:.0f} target us of CPU "
                       f"per query) = {cores / (gen + srv) * 1e6:.0f} q/s, {cores / (gen + srv) * 1e6 / one:.2f}x "

@@ -24,6 +24,7 @@ from recpipe.characterize.gpu import BusySampler
 from recpipe.characterize.settings import MIN_GAIN, Settings
 from recpipe.config import STEPS
 from recpipe.querygen.session import MIN_STEP_QUERIES
+from recpipe.serving.threads import usable_cores
 
 #: the generator's own CPU time is recorded beside the stages' under this name
 GENERATOR = "querygen"
@@ -39,7 +40,7 @@ def platform_section(settings: Settings) -> dict[str, Any]:
 
     out = platform_info.detect()
     out["memory_bytes"] = _mem_total()
-    out["usable_cores"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else out["cores"]
+    out["usable_cores"] = usable_cores()
     out["gpus"] = _gpus()
     try:
         import torch

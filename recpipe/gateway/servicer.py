@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import functools
-import os
 
 from grpc import aio
 
@@ -17,6 +16,7 @@ from recpipe.gateway.hops import replica_targets
 from recpipe.gateway.options import GatewayOptions
 from recpipe.gateway.readiness import ChainReadiness
 from recpipe.serving.stage import ReadinessWatch, Stage, StageInfo, check_deadline
+from recpipe.serving.threads import usable_cores
 from recpipe.v1 import recommend_pb2, recommend_pb2_grpc
 
 SERVICE_NAME = recommend_pb2.DESCRIPTOR.services_by_name["RecommendService"].full_name
@@ -41,7 +41,7 @@ class GatewayStage(Stage):
     async def load(self) -> None:
         """Open the stage channels (inside the server's event loop; they connect lazily and reconnect
         by themselves when a stage restarts)."""
-        hops = self.options.hops(self.chain_processes(), _usable_cores())
+        hops = self.options.hops(self.chain_processes(), usable_cores())
         clients = (
             GrpcFeatureClient(self.targets["features"], hops=hops),
             GrpcRetrievalClient(self.targets["retrieval"], hops=hops),
@@ -79,7 +79,7 @@ class GatewayStage(Stage):
         wait = {} if self._clients is None else {
             "upstream_wait_us": f"{self._clients[0].hops['AugmentItems'].config.upstream_wait_us} "
                                     f"({self.options.hop_upstream_wait_us}: {self.chain_processes()} processes, "
-                                    f"{_usable_cores()} cores)"}
+                                    f"{usable_cores()} cores)"}
         return StageInfo(self.name, "cpu", version, 1, {**self.targets, "max_in_flight": str(self.admission.max_in_flight),
                                                          **hops, **wait})
 
@@ -117,8 +117,3 @@ class GatewayStage(Stage):
                      for t in rec.timings],
             model_version=rec.model_version,
         )
-
-
-def _usable_cores() -> int:
-    """The cores this process may run on (its affinity mask), else the machine's."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

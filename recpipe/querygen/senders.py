@@ -28,7 +28,6 @@ import dataclasses
 import math
 import multiprocessing
 import multiprocessing.connection
-import os
 import resource
 import signal
 import threading
@@ -59,13 +58,6 @@ START_S = 60.0
 START_LEAD_S = 0.1
 #: seconds a sender gets to stop after being told to, before it is terminated
 STOP_S = 5.0
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (its affinity mask), else the machine's count."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def plan(requested: int | str, mode: str, rate: float | None, concurrency: int,

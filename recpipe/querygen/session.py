@@ -22,6 +22,7 @@ from recpipe.querygen.progress import Progress
 from recpipe.querygen.recorder import Measurement, merge
 from recpipe.querygen.slo import SloSearch, SloStep, find_max_rate
 from recpipe.querygen.workload import open_schedule
+from recpipe.serving.threads import usable_cores
 
 #: The stage clients talk to (the chain's entry).
 GATEWAY = clients.GATEWAY_ROLE
@@ -117,7 +118,7 @@ def generator_block(config: QuerygenConfig, steps: list[Step]) -> dict[str, Any]
                      "cpu_s": spent,
                      "cpu_us_per_query": round(spent / sent * 1e6, 1) if spent is not None and sent else None})
     return {"processes": n, "processes_requested": config.processes, "processes_reason": steps[-1].processes_reason,
-            "usable_cores": senders.usable_cores(), "senders": rows,
+            "usable_cores": usable_cores(), "senders": rows,
             "sender_cpu_s": round(sum(s.sender_cpu_s for s in steps), 6)}
 
 
@@ -225,7 +226,7 @@ class Session:
         planned = cfg.measured_duration
         total_queries = cfg.queries if cfg.mode != "open" else None
         offered = cfg.arrivals.mean_rate if cfg.arrivals is not None else rate
-        n, why = senders.plan(cfg.processes, cfg.mode, offered, cfg.concurrency, senders.usable_cores())
+        n, why = senders.plan(cfg.processes, cfg.mode, offered, cfg.concurrency, usable_cores())
         concurrency = cfg.concurrency if cfg.mode == "closed" else 1
         if n > 1:
             if self._pool is None:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
-import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
@@ -39,6 +38,7 @@ from recpipe.errors import UsageError
 from recpipe.serving.config import METRICS_PORT_OFFSET
 from recpipe.serving.spec import CORES_PER_PROCESS, Registry
 from recpipe.serving.supervisor import StageProcess, free_port
+from recpipe.serving.threads import usable_cores
 
 #: Replica k (from 0) of a stage listens on the stage's port + k x this (50054, 50154, ...; an entry
 #: stage's replicas share its port and listen alone on + (k + 1) x this), its metrics 1000 above as usual.
@@ -162,7 +162,7 @@ def resolve_replicas(registry: Registry, flag: str | None, device: str = "auto")
     query on ``device`` (a stage computing on a GPU costs its serving alone)."""
     parsed = _parse_replicas(flag or "1")
     if parsed == "auto":
-        cores = len(os.sched_getaffinity(0))
+        cores = usable_cores()
         gpu = not certainly_cpu(device)
         counts = registry.auto_replicas(cores, MAX_REPLICAS, gpu=gpu)
         why = (f"one process per stage (more from {CORES_PER_PROCESS * (len(registry) + 1)} cores)"
@@ -238,7 +238,7 @@ def resolve_threads(registry: Registry, flag: int | None,
     among its ``replicas``."""
     if flag is not None:
         return flag, f"threads: {flag or 'library default'} per stage process"
-    cores = len(os.sched_getaffinity(0))
+    cores = usable_cores()
     shares = registry.auto_threads(cores, replicas)
     n = replicas or {}
     chosen = ", ".join(f"{name} {t}" + (f" x{n[name]} processes" if n.get(name, 1) > 1 else "")

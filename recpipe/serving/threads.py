@@ -14,6 +14,13 @@ import sys
 WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask), else the machine's count."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def configure(threads: int, *, torch: bool = False, faiss: bool = False) -> None:
     """Use ``threads`` compute threads (0 = leave the libraries' defaults), whose OpenMP workers sleep
     between calls (``OMP_WAIT_POLICY=PASSIVE`` unless the user set a policy): spinning workers made a

@@ -4,7 +4,6 @@ answers equal an unbatched gateway's over the same stages."""
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -16,6 +15,7 @@ from recpipe.errors import UnknownUser
 from recpipe.gateway.options import DEFAULT_HOP_UPSTREAM_WAIT_US, GatewayOptions
 from recpipe.gateway.servicer import GatewayStage
 from recpipe.serving import codec
+from recpipe.serving.threads import usable_cores
 from recpipe.v1 import (
     features_pb2,
     features_pb2_grpc,
@@ -153,7 +153,7 @@ def test_a_batched_gateway_answers_as_an_unbatched_one_and_batches_the_queries_i
     assert sum(batches) < sum(sent), calls
     # the default upstream wait, resolved against this machine: on only where the chain's processes
     # (the gateway and the three stages here) outnumber the cores
-    cores = len(os.sched_getaffinity(0))
+    cores = usable_cores()
     assert hops["upstream_wait_us"] == f"{DEFAULT_HOP_UPSTREAM_WAIT_US if cores < 4 else 0} (auto: 4 processes, {cores} cores)"
 
 

@@ -19,6 +19,7 @@ import pytest
 from recpipe.cli import main
 from recpipe.errors import SenderFailed, UsageError
 from recpipe.querygen import loops, senders
+from recpipe.querygen import session as session_module
 from recpipe.querygen.config import AUTO, QuerygenConfig
 from recpipe.querygen.output import summary_text
 from recpipe.querygen.session import Session
@@ -84,7 +85,7 @@ def test_closed_loop_divides_the_clients_and_the_queries(server: TestServerProce
 
 
 def test_auto_adds_senders_as_the_rate_rises(server: TestServerProcess, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(senders, "usable_cores", lambda: 4)
+    monkeypatch.setattr(session_module, "usable_cores", lambda: 4)
     config = QuerygenConfig(target=server.target, mode="open", candidates=fixed_candidates(50), rate=100.0,
                             duration=0.3, num_users=100, processes=AUTO)
 
