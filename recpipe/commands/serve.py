@@ -265,6 +265,7 @@ def summary(supervisor: Supervisor, stages: list[StageProcess], host: str) -> st
     from recpipe.serving.launch import direct_target
 
     rows = []
+    wait = ""  # the gateway's upstream wait as it resolved it (GetInfo), said once
     for spec in stages:
         row: dict[str, object] = {"name": spec.name, "stage": spec.stage, "address": spec.address,
                                   "pid": supervisor.pid(spec.name),
@@ -274,6 +275,7 @@ def summary(supervisor: Supervisor, stages: list[StageProcess], host: str) -> st
             with RecommendClient(spec.address, timeout=5.0) as client:
                 info = client.info()
             row.update(device=info.device, threads=info.threads)
+            wait = wait or info.details.get("upstream_wait_us", "")
         except RecpipeError:
             pass
         rows.append(row)
@@ -286,6 +288,17 @@ def summary(supervisor: Supervisor, stages: list[StageProcess], host: str) -> st
                    "sharing one port (SO_REUSEPORT: the kernel spreads client connections; one client "
                    f"process reaches them all, per call, at {direct_target(stages, stage)})")
             lines.append(f"{stage}: {len(names)} replicas at {target}: {how}")
+    if wait:
+        lines.append(upstream_wait_line(wait))
     return "\n".join(lines)
+
+
+def upstream_wait_line(detail: str) -> str:
+    """What the gateway's ``upstream_wait_us`` detail ("2000 (auto: 4 processes, 2 cores)") means."""
+    value, _, why = detail.partition(" ")
+    why = f" (--hop-upstream-wait-us {why.strip('()')})" if why else ""
+    if value == "0":
+        return f"gateway: a batched hop sends what it has at once{why}"
+    return f"gateway: an idle batched hop waits up to {value} µs for the queries on their way to it{why}"
 
 

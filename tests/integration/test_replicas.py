@@ -30,7 +30,10 @@ from test_cli_serve import Lines
 from test_toy_registry import toy_env
 
 from recpipe.client import RecommendClient
+from recpipe.commands.serve import upstream_wait_line
+from recpipe.gateway.options import GatewayOptions
 from recpipe.serving.channels import make_blocking_channel
+from recpipe.serving.threads import usable_cores
 from recpipe.v1 import features_pb2, features_pb2_grpc, recommend_pb2, recommend_pb2_grpc
 
 
@@ -203,6 +206,11 @@ def test_ranking_replicas_share_the_calls_and_a_killed_one_is_restarted_while_th
         ranking = [s.rows[f"ranking#{k}"] for k in (1, 2)]
         assert s.targets["ranking"] == "ipv4:" + ",".join(r["address"] for r in ranking)
         gateway = s.targets["gateway"]
+        # each gateway weighs its upstream wait against the chain's processes it knows: itself, features,
+        # retrieval and the two ranking replicas
+        cores = usable_cores()
+        wait = GatewayOptions().upstream_wait_us(processes=5, cores=cores)
+        assert upstream_wait_line(f"{wait} (auto: 5 processes, {cores} cores)") + "\n" in s.lines.seen
 
         # the gateway's replicas behind one port, each reached by some of 16 client connections
         channels = new_connections(gateway, 16)
