@@ -52,7 +52,8 @@ class GatewayOptions(StageOptions):
             if not wait.isdigit():
                 raise UsageError(f"--hop-upstream-wait-us must be a number of µs or auto, got {wait!r}")
             object.__setattr__(self, "hop_upstream_wait_us", int(wait))  # as given on a command line
-        if self.hop_queue_delay_us < 0 or self.hop_max_in_flight < 0 or self.upstream_wait_us(1, 1) < 0:
+        negative_wait = self.hop_upstream_wait_us != "auto" and int(self.hop_upstream_wait_us) < 0
+        if self.hop_queue_delay_us < 0 or self.hop_max_in_flight < 0 or negative_wait:
             raise UsageError("--hop-queue-delay-us, --hop-upstream-wait-us and --hop-max-in-flight must be >= 0")
 
     def upstream_wait_us(self, processes: int, cores: int) -> int:

@@ -34,6 +34,8 @@ class GatewayStage(Stage):
         self.chain: Chain | None = None
         self._readiness: ChainReadiness | None = None
         self._clients: tuple[GrpcFeatureClient, GrpcRetrievalClient, GrpcRankingClient] | None = None
+        #: GetInfo's ``upstream_wait_us``: the wait ``load`` resolved, and from what
+        self._upstream_wait = ""
 
     def add_to_server(self, server: aio.Server) -> None:
         recommend_pb2_grpc.add_RecommendServiceServicer_to_server(self, server)  # type: ignore[arg-type]
@@ -41,7 +43,10 @@ class GatewayStage(Stage):
     async def load(self) -> None:
         """Open the stage channels (inside the server's event loop; they connect lazily and reconnect
         by themselves when a stage restarts)."""
-        hops = self.options.hops(self.chain_processes(), usable_cores())
+        processes, cores = self.chain_processes(), usable_cores()
+        hops = self.options.hops(processes, cores)
+        self._upstream_wait = (f"{hops.upstream_wait_us} ({self.options.hop_upstream_wait_us}: {processes} processes, "
+                               f"{cores} cores)")
         clients = (
             GrpcFeatureClient(self.targets["features"], hops=hops),
             GrpcRetrievalClient(self.targets["retrieval"], hops=hops),
@@ -76,10 +81,7 @@ class GatewayStage(Stage):
         hops = {f"hop_{name}": f"{hop.calls} calls in {hop.batches} batch calls (up to {hop.config.max_batch}, "
                                 f"{hop.max_in_flight} out at once)"
                 for client in (self._clients or ()) for name, hop in client.hops.items()}
-        wait = {} if self._clients is None else {
-            "upstream_wait_us": f"{self._clients[0].hops['AugmentItems'].config.upstream_wait_us} "
-                                    f"({self.options.hop_upstream_wait_us}: {self.chain_processes()} processes, "
-                                    f"{usable_cores()} cores)"}
+        wait = {"upstream_wait_us": self._upstream_wait} if self._upstream_wait else {}
         return StageInfo(self.name, "cpu", version, 1, {**self.targets, "max_in_flight": str(self.admission.max_in_flight),
                                                          **hops, **wait})
 

@@ -2,8 +2,8 @@
 
 The hot path only appends to lists (tens of nanoseconds): each answer's latency and its stages' timings.
 The histograms, and each answered query's split by stage (``recpipe.querygen.attribution``), are made
-once, after the run, so recording never steals time from sending. Every query carries three instants (perf_counter seconds): when it was
-*scheduled*, when it was actually *sent*, and when its answer came back.
+once, after the run, so recording never steals time from sending. Every query carries three instants
+(perf_counter seconds): when it was *scheduled*, when it was actually *sent*, and when its answer came back.
 End-to-end latency is ``done - scheduled``: a generator that falls behind still charges the delay to the
 query, as a real user arriving at the scheduled instant would have seen it (no coordinated omission).
 """
@@ -38,9 +38,9 @@ class Recorder:
     measure_from: float
     e2e_us: list[float] = field(default_factory=list)
     lag_us: list[float] = field(default_factory=list)
-    #: each answered query's end-to-end us and timings: the stages' histograms and the query's split
-    #: into parts (``recpipe.querygen.attribution.split_row``) are made from them after the run
-    answered: list[tuple[float, list[Timing]]] = field(default_factory=list)
+    #: each answered query's stage timings, in the order of ``e2e_us``: the stages' histograms and the
+    #: query's split into parts (``recpipe.querygen.attribution.split_row``) are made from them after the run
+    answered: list[list[Timing]] = field(default_factory=list)
     errors: Counter[str] = field(default_factory=Counter)
     warmup_queries: int = 0
     first_scheduled: float | None = None
@@ -62,9 +62,8 @@ class Recorder:
     def ok(self, scheduled: float, sent: float, done: float, timings: Iterable[Timing]) -> None:
         if not self._measured(scheduled, sent, done):
             return
-        e2e = (done - scheduled) * 1e6
-        self.e2e_us.append(e2e)
-        self.answered.append((e2e, timings if isinstance(timings, list) else list(timings)))
+        self.e2e_us.append((done - scheduled) * 1e6)
+        self.answered.append(timings if isinstance(timings, list) else list(timings))
 
     def error(self, scheduled: float, sent: float, done: float, code: str) -> None:
         if self._measured(scheduled, sent, done):
@@ -87,7 +86,7 @@ class Recorder:
         compute: dict[str, list[float]] = {}
         batches: dict[str, list[int]] = {}
         splits = []
-        for e2e, timings in self.answered:
+        for e2e, timings in zip(self.e2e_us, self.answered, strict=True):
             parts = {}
             for t in timings:
                 stage, batch = str(t[0]), int(t[5]) if len(t) >= 6 else 0
