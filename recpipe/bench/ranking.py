@@ -13,6 +13,8 @@ compiled, int8), with the held-out AUC ``recpipe train`` measured for each on th
 delta to fp32, each form's check against the bound at load (``recpipe.ranking.probe``) and the form
 ``auto`` would pick. The fp32 forms are checked to give the same scores before timing; the lower
 precisions are reported against the bound, never asserted (a form that breaks it is what ``auto`` skips).
+``--requests N`` adds N requests as one batch (what a batched hop hands the stage) against the same N
+one by one in each form: the time per request, and how far a score moved between the two.
 """
 
 from __future__ import annotations
@@ -37,11 +39,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="auto|cpu|cuda")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0 = torch default)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--requests", type=int, default=1, metavar="N",
+                        help="also time N requests as one batch (what a batched hop hands the stage) against "
+                             "the same N one by one, in each precision, and how far their scores moved")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.batch < 1 or args.calls < 1 or args.warmup < 0 or args.threads < 0:
-        raise UsageError("--batch and --calls must be >= 1, --warmup and --threads >= 0")
+    if args.batch < 1 or args.calls < 1 or args.warmup < 0 or args.threads < 0 or args.requests < 1:
+        raise UsageError("--batch, --calls and --requests must be >= 1, --warmup and --threads >= 0")
     require_dirs(("--models", args.models), ("--data", args.data))
     from recpipe.serving import threads
 
@@ -132,6 +137,9 @@ def run(args: argparse.Namespace) -> int:
     print(table(timings, "naive (60 EmbeddingBag calls)"))
     if not cuda:
         _precision_table(args.models, timings, low_forms, ranking, low_cores, low_dp)
+    if args.requests > 1:
+        _batch_table({ranking.details["precision"]: ranking, **{c.details["precision"]: c for c in low_cores.values()}},
+                     requests, args)
     return 0
 
 
@@ -171,6 +179,40 @@ def _precision_table(models: Path, timings: list[Any], low_forms: list[str], ran
         print(f"auto would pick: {best} (fastest here within the bound)")
     else:
         print("auto would pick: fp32 (the repository has no per-precision AUC: retrain to measure it)")
+
+
+def _batch_table(cores: dict[str, Any], requests: list[Any], args: argparse.Namespace) -> None:
+    """N requests as one ``rank_batch`` (a batched hop's RankBatch) against the same N one by one, per
+    form, alternating: the time per request and the ratio; the scores must be the same."""
+    n = args.requests
+    print(f"\n{n} requests x {args.batch} candidates: one batch against one by one (ms per request, p50)")
+    print(f"{'form':<22} {'one by one':>11} {'one batch':>10} {'batch/one':>10} {'max |dp|':>9}  forward")
+    for name, core in cores.items():
+        one, batch, dp = _one_and_batch(core, requests, n, args.calls, args.warmup)
+        print(f"{name:<22} {one / n:>11.3f} {batch / n:>10.3f} {batch / one:>9.2f}x {dp:>9.2g}  "
+              f"{core.details['batch_forward']}")
+    print("max |dp|: the largest change of a score between a request alone and in the batch (0: the same; int8 "
+          "quantizes each call's activations with the call's own scale)")
+
+
+def _one_and_batch(core: Any, requests: list[Any], n: int, calls: int,
+                   warmup: int) -> tuple[float, float, float]:
+    """p50 ms of N requests one by one and as one batch, and the largest change of a score between them."""
+    import numpy as np
+
+    from recpipe.bench._timing import measure_interleaved
+    from recpipe.ranking.contract import RankQuery
+
+    queries = [RankQuery.checked(u.dense, u.sparse, it.dense, it.sparse, core.limits) for u, it in requests]
+
+    def group(i: int) -> list[Any]:
+        return [queries[(i * n + j) % len(queries)] for j in range(n)]
+
+    alone = [core.rank_batch([q])[0] for q in group(0)]
+    dp = max(float(np.max(np.abs(b - a))) for a, b in zip(alone, core.rank_batch(group(0)), strict=True))
+    one, batch = measure_interleaved([("one", lambda i: [core.rank_batch([q]) for q in group(i)]),
+                                      ("batch", lambda i: core.rank_batch(group(i)))], calls, warmup)
+    return one.pct_ms(50), batch.pct_ms(50), dp
 
 
 def _served_by(core: Any, requests: list[Any]) -> Callable[[int], Any]:

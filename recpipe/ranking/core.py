@@ -40,6 +40,10 @@ _log = logging.getLogger(__name__)
 CHUNK_ROWS = MAX_ROWS
 #: Requests per DLRM forward at most.
 CHUNK_USERS = MAX_USERS
+#: Requests per forward of the segmented CPU form (``recpipe.ranking.segmented``) when the stage's
+#: ``--max-batch`` is auto: its fixed cost per forward (~300 µs) shared by up to 8 users, and 8 x 500
+#: candidates still in one row bucket (4,096).
+SEGMENT_USERS = 8
 
 
 class RankingCore:
@@ -51,7 +55,8 @@ class RankingCore:
         """``graphs`` overrides the mode ``cuda_graphs`` picks (``padded`` runs the CPU twin of graphs);
         ``precision`` is ``--ranking-precision`` (``recpipe.ranking.precision``; the library's default
         is fp32, the same scores every time); ``max_batch`` is the most requests a forward will carry
-        (the stage's ``--max-batch``; 0 = its auto: 32 on a GPU, 1 on a CPU): the user buckets warmed."""
+        (the stage's ``--max-batch``; 0 = its auto: 32 on a GPU, ``SEGMENT_USERS`` in the segmented CPU
+        form, else 1): the user buckets warmed."""
         RankingOptions(cuda_graphs, precision, embeddings)  # the options' own checks (UsageError)
         if embeddings == "host" and dev.type != "cuda":
             raise UsageError(f"--embeddings host needs a CUDA device, the ranking device is {dev}")
@@ -87,7 +92,8 @@ class RankingCore:
         self.predictor.set_user_tables(n_user_tables)
         self.checks: dict[str, probes.FormCheck] = {}
         self.precision = self._choose_precision(precision, repo, n_user_tables)
-        self.max_users = min(max_batch or (MAX_USERS if dev.type == "cuda" else 1), MAX_USERS)
+        auto_users = MAX_USERS if dev.type == "cuda" else SEGMENT_USERS if self.predictor.segmented else 1
+        self.max_users = min(max_batch or auto_users, MAX_USERS)
         self.predictor.warm_buckets(self.max_users)
 
     def _choose_precision(self, requested: str, repo: Repository, n_user_tables: int) -> precisions.Choice:
@@ -137,6 +143,7 @@ class RankingCore:
                 "interaction": self.config.interaction,
                 "wide": _wide(self.config),
                 "precision": self.precision.form + (" (torch.compile)" if self.predictor.compiled else ""),
+                "batch_forward": _batch_forward(self.predictor, self.users_per_forward),
                 "precision_choice": self.precision.reason, "cpu_isa": precisions.describe_isa(),
                 "precision_bound": f"max |dp| <= {probes.MAX_ABS_DP:g}, dAUC >= -{precisions.AUC_BUDGET:g} against fp32",
                 **({"precision_check": self.checks[self.precision.form].describe()}
@@ -154,9 +161,9 @@ class RankingCore:
 
     @property
     def users_per_forward(self) -> int:
-        """Queries per forward at most: 1 where the predictor runs a batch one user at a time (the compiled
-        form on a CPU: ``Predictor.per_user``), the users warmed for where the forward serves warmed
-        buckets (CUDA graphs), else ``CHUNK_USERS``."""
+        """Queries per forward at most: 1 where the predictor runs a batch one user at a time (a compiled
+        CPU form without segments: ``Predictor.per_user``), the users warmed for where the forward serves
+        warmed buckets (CUDA graphs, the segmented CPU form), else ``CHUNK_USERS``."""
         if self.predictor.per_user:
             return 1
         return self.max_users if self.predictor.mode != "eager" else CHUNK_USERS
@@ -215,6 +222,16 @@ def _warmed(predictor: Predictor) -> str:
     rows = sorted({r for _, r in predictor.warmed})
     return (f"{len(predictor.warmed)} shapes ({users[0]}-{users[-1]} users x {rows[0]}-{rows[-1]} candidates) in "
             f"{predictor.warm_s:.2f} s; {predictor.unwarmed_forwards} forwards since ran eagerly (shape not warmed)")
+
+
+def _batch_forward(predictor: Predictor, users: int) -> str:
+    """For InfoService: how a batch of requests meets the forward."""
+    if predictor.segmented:
+        return (f"segmented, up to {users} requests: one compiled call for their own terms, one matmul per "
+                "request, one for the rest")
+    if predictor.per_user:
+        return "one forward per request"
+    return f"up to {users} requests per forward"
 
 
 def _wide(config: DLRMConfig) -> str:

@@ -20,10 +20,12 @@ A compiled or captured forward never compiles on the request path. It serves a f
 buckets (``row_buckets`` x ``user_buckets``: candidates padded up to the next power of two from
 ``MIN_ROWS_BUCKET`` to ``MAX_ROWS``, users to the next power of two up to the core's batch), and
 ``warm_buckets`` runs every one of them before the stage reports SERVING: the compiled bf16 form
-(``torch.compile`` with dynamic shapes: one graph for one user, one for several) and CUDA graphs
-(one capture per bucket). A forward with a shape that was not warmed (more users than warmed for)
-runs the same module eagerly. The core splits a request with more than ``MAX_ROWS`` candidates into
-forwards of at most ``MAX_ROWS``, so every candidate count up to the contract's 10,000 has a bucket.
+(``torch.compile`` with dynamic shapes; on the CPU the segmented form of ``recpipe.ranking.segmented``,
+two compiled parts around one matmul per user, at least 2 users) and CUDA graphs (one capture per
+bucket). A forward with a shape that was not warmed runs the same module eagerly (the segmented form
+first splits a batch of more users than warmed for into warmed pieces). The core splits a request with
+more than ``MAX_ROWS`` candidates into forwards of at most ``MAX_ROWS``, so every candidate count up to
+the contract's 10,000 has a bucket.
 A compile on the request path would hold the stage for seconds (a new candidate count recompiled the
 dynamic-shape graph: 231 ms in process, over 3 s served on a busy machine).
 """
@@ -43,6 +45,7 @@ from recpipe.accel.transfer import DeviceIO
 from recpipe.nn import FusedEmbedding
 from recpipe.ranking import precision as precisions
 from recpipe.ranking.model import DLRM, SparseArch, WideArch
+from recpipe.ranking.segmented import SegmentedForward, supports_segments
 
 _log = logging.getLogger(__name__)
 
@@ -106,6 +109,10 @@ class Predictor:
         #: or captured on the request path), counted in ``unwarmed_forwards``
         self.sealed = False
         self.unwarmed_forwards = 0
+        #: the compiled CPU form of the dot interaction (``recpipe.ranking.segmented``), and its eager twin
+        #: for shapes not warmed; None elsewhere
+        self._segmented: SegmentedForward | None = None
+        self._segmented_unwarmed: SegmentedForward | None = None
 
     @property
     def mode(self) -> str:
@@ -134,6 +141,14 @@ class Predictor:
     def _build(self, split: nn.Module, compiled: bool) -> None:
         mode = "padded" if compiled and self.graphs == "eager" else self.graphs
         split.gather_segments = mode != "eager" or self.device.type != "cpu"  # type: ignore[assignment]
+        self._segmented = self._segmented_unwarmed = None
+        if compiled and self.device.type == "cpu" and supports_segments(split):
+            low = precisions.convert(split, self.precision, compile=False).eval()
+            self._split = low
+            self._runner = GraphRunner(_probabilities(low), self.device, mode)  # what GetInfo and warming read
+            self._segmented = SegmentedForward(low, self.io, compile=True)
+            self._segmented_unwarmed = SegmentedForward(low, self.io, compile=False)
+            return
         run = precisions.convert(split, self.precision, compile=compiled).eval()
         self._split = run
         self._runner = GraphRunner(_probabilities(run), self.device, mode)
@@ -150,7 +165,7 @@ class Predictor:
         if runner is None:
             raise RuntimeError("warm_buckets needs set_user_tables() first")
         t0 = time.perf_counter()
-        user_counts = [1] if self.per_user else user_buckets(max_users)
+        user_counts = [1] if self.per_user else sorted({self._bucketed(u, 1)[0] for u in user_buckets(max_users)})
         shapes = [(u, r) for u in user_counts for r in row_buckets() if (u, r) not in self.warmed]
         for users, rows in shapes:
             self.warm_up([rows - users + 1] + [1] * (users - 1))
@@ -203,8 +218,19 @@ class Predictor:
         b, n = len(counts), int(sum(counts))
         if b > 1 and self.per_user:
             return self._score_per_user(user_dense, user_sparse, item_dense, item_sparse, counts)
-        users, rows = (bucket(b), bucket(n, MIN_ROWS_BUCKET)) if runner.padded else (b, n)
-        if self.sealed and self._unwarmed is not None and (users, rows) not in self.warmed:
+        users, rows = self._bucketed(b, n) if runner.padded else (b, n)
+        unwarmed = self.sealed and (users, rows) not in self.warmed
+        if self._segmented is not None and self._segmented_unwarmed is not None:
+            if unwarmed and b > 1:  # more users or rows than warmed for: halves (the same rows, so the same scores)
+                h, cut = b // 2, int(sum(counts[: b // 2]))
+                return np.concatenate([
+                    self.score_batch(user_dense[:h], user_sparse[:h], item_dense[:cut], item_sparse[:cut], counts[:h]),
+                    self.score_batch(user_dense[h:], user_sparse[h:], item_dense[cut:], item_sparse[cut:], counts[h:])])
+            if unwarmed:
+                self.unwarmed_forwards += 1  # one user's rows beyond the largest bucket: eagerly
+            form = self._segmented_unwarmed if unwarmed else self._segmented
+            return form(user_dense, user_sparse, item_dense, item_sparse, counts, users, rows)
+        if unwarmed and self._unwarmed is not None:
             self.unwarmed_forwards += 1  # a shape not warmed: run eagerly, never compiled or captured here
             runner = self._unwarmed
         io = self.io
@@ -217,13 +243,25 @@ class Predictor:
                 inputs.append(io.put("segments", np.repeat(np.arange(b, dtype=np.int64), counts), np.int64, rows))
             return io.fetch("scores", runner(*inputs), n)
 
+    def _bucketed(self, users: int, rows: int) -> tuple[int, int]:
+        """The padded (users, rows) a forward of ``users`` and ``rows`` runs at. The segmented form runs
+        at least 2 users: torch.compile specializes a size of 1, and the one-user graph's code rounded
+        some users' wide part differently from the graph for several (the last bit of a score)."""
+        return bucket(users, 2 if self._segmented is not None else 1), bucket(rows, MIN_ROWS_BUCKET)
+
+    @property
+    def segmented(self) -> bool:
+        """Whether a batch runs in the segmented form (``recpipe.ranking.segmented``): the compiled CPU
+        form of the dot interaction, one call for every user's and candidate's own terms and one matmul
+        per user for the folded ones."""
+        return self.compiled and self._segmented is not None
+
     @property
     def per_user(self) -> bool:
-        """Whether a batch of several users runs as one forward per user: the compiled form on a CPU. Its
-        one-graph form for several users gathers every item's user vectors (static shapes) and so cannot
-        fold them into the weights (``_UserSplit._folded``): about twice the multiply-adds per candidate,
-        where a CPU's cost is the multiply-adds, not the calls."""
-        return self.compiled and self.device.type == "cpu"
+        """Whether a batch of several users runs as one forward per user: a compiled CPU form without the
+        segmented one (the DCN interaction's). Its one-graph form for several users gathers every item's
+        user vectors (static shapes): the per-candidate work of the user-side terms too."""
+        return self.compiled and self.device.type == "cpu" and self._segmented is None
 
     def _score_per_user(self, user_dense: np.ndarray, user_sparse: np.ndarray, item_dense: np.ndarray,
                         item_sparse: np.ndarray, counts: list[int]) -> np.ndarray:
@@ -243,7 +281,7 @@ class Predictor:
         b, n, u = len(counts), int(sum(counts)), self.num_user_tables
         runner = self._runner
         if runner is not None and runner.padded:
-            self.warmed.add((bucket(b), bucket(n, MIN_ROWS_BUCKET)))
+            self.warmed.add(self._bucketed(b, n))
         sealed, self.sealed = self.sealed, False  # warming is where compiling and capturing belong
         try:
             self.score_batch(np.zeros((b, cfg.user_dense_dim), np.float32), np.zeros((b, u), np.int64),
@@ -385,17 +423,8 @@ class _UserSplit(nn.Module):
     ) -> torch.Tensor:
         """ud (B, Du), us (B, U), idn (N, Di), isp (N, I), seg (N,) user index of each item (None when
         B == 1) -> (N,) logits."""
-        offsets = self.tables.offsets
-        weight = self.tables.weight
-        dtype = weight.dtype
-        user_vec = self.user_dense_arch(ud.to(dtype))  # (B, D)
-        user_emb = torch.nn.functional.embedding(us + offsets[: self.u_tab], weight)  # (B, U, D)
-        u = torch.cat([user_vec[:, None, :], user_emb], dim=1)  # (B, nu, D)
-        uu = torch.bmm(u, u.transpose(1, 2)).flatten(1)  # (B, nu*nu)
-        h0 = self.user_first(torch.cat([user_vec, uu], dim=1).index_select(1, self.user_src))  # (B, H)
-        item_vec = self.item_dense_arch(idn.to(dtype))  # (N, D)
-        item_emb = torch.nn.functional.embedding(isp + offsets[self.u_tab :], weight)  # (N, I, D)
-        v = torch.cat([item_vec[:, None, :], item_emb], dim=1)  # (N, ni, D)
+        u, h0 = self._users(ud, us)
+        item_vec, item_emb, v = self._items(idn, isp)
         flat = v.flatten(1)  # (N, ni*D)
         if seg is None:  # one user: its vectors folded into the item columns' weights
             h_items = h0 + flat @ self._folded(u)[0].T
@@ -407,12 +436,49 @@ class _UserSplit(nn.Module):
             folded = self._folded(u)
             h_items = torch.cat([h0[i] + part @ folded[i].T
                                  for i, part in enumerate(torch.split(flat, counts)) if part.shape[0]])
-        vv = torch.bmm(v, v.transpose(1, 2)).flatten(1)  # (N, ni*ni)
+        return self._top(h_items, torch.bmm(v, v.transpose(1, 2)).flatten(1), ud, idn, item_emb, seg)
+
+    def _users(self, ud: torch.Tensor, us: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """ud (B, Du), us (B, U) -> the users' vectors (B, nu, D) and their first-layer part h0 (B, H)."""
+        weight = self.tables.weight
+        user_vec = self.user_dense_arch(ud.to(weight.dtype))  # (B, D)
+        user_emb = torch.nn.functional.embedding(us + self.tables.offsets[: self.u_tab], weight)  # (B, U, D)
+        u = torch.cat([user_vec[:, None, :], user_emb], dim=1)  # (B, nu, D)
+        uu = torch.bmm(u, u.transpose(1, 2)).flatten(1)  # (B, nu*nu)
+        return u, self.user_first(torch.cat([user_vec, uu], dim=1).index_select(1, self.user_src))
+
+    def _items(self, idn: torch.Tensor, isp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """idn (N, Di), isp (N, I) -> the item vector (N, D), embeddings (N, I, D) and both as (N, ni, D)."""
+        weight = self.tables.weight
+        item_vec = self.item_dense_arch(idn.to(weight.dtype))  # (N, D)
+        item_emb = torch.nn.functional.embedding(isp + self.tables.offsets[self.u_tab :], weight)  # (N, I, D)
+        return item_vec, item_emb, torch.cat([item_vec[:, None, :], item_emb], dim=1)
+
+    def _top(self, h_items: torch.Tensor, vv: torch.Tensor, ud: torch.Tensor, idn: torch.Tensor,
+             item_emb: torch.Tensor, seg: torch.Tensor | None) -> torch.Tensor:
+        """The first layer's item x item part added to ``h_items`` (N, H), the rest of the top MLP and the
+        wide part -> (N,) logits."""
         h = h_items + self.item_item_first(vv)  # (N, H)
         logits = self.rest(h).squeeze(-1)
         if self.wide is not None:
+            dtype = self.tables.weight.dtype
             logits = logits + _wide_logits(self.wide, self.wide_item, ud.to(dtype), idn.to(dtype), item_emb, seg)
         return logits
+
+    def prepare(self, ud: torch.Tensor, us: torch.Tensor, idn: torch.Tensor,
+                isp: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The segmented form's first part (``recpipe.ranking.segmented``): every per-user and per-item
+        term of B users and N candidates, in one call -> h0 (B, H), the folded weights (B, H, ni*D), the
+        items' flattened vectors (N, ni*D), their item x item dots (N, ni*ni) and embeddings (N, I, D)."""
+        u, h0 = self._users(ud, us)
+        _, item_emb, v = self._items(idn, isp)
+        return h0, self._folded(u), v.flatten(1), torch.bmm(v, v.transpose(1, 2)).flatten(1), item_emb
+
+    def finish(self, h_items: torch.Tensor, vv: torch.Tensor, ud: torch.Tensor, idn: torch.Tensor,
+               item_emb: torch.Tensor, seg: torch.Tensor) -> torch.Tensor:
+        """The segmented form's last part: ``h_items`` (N, H), each user's h0 plus its candidates times
+        its folded weights -> (N,) float32 probabilities."""
+        return torch.sigmoid(self._top(h_items, vv, ud, idn, item_emb, seg).float())
 
     def _folded(self, u: torch.Tensor) -> torch.Tensor:
         """(B, nu, D) user vectors -> (B, H, ni*D): each user's weights over an item's flattened vectors,

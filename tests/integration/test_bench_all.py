@@ -31,7 +31,7 @@ def _chain(m: Path, d: Path, tmp: Path, request: pytest.FixtureRequest, device: 
 CASES: dict[str, tuple[Callable[[Path, Path, Path, pytest.FixtureRequest, str], list[str]], bool]] = {
     "chain": (_chain, True),
     "ranking": (lambda m, d, tmp, r, dev: ["--models", str(m), "--data", str(d), "--batch", "50", "--calls", "5",
-                                           "--warmup", "1", "--device", dev], True),
+                                           "--warmup", "1", "--device", dev, "--requests", "3"], True),
     "retrieval": (lambda m, d, tmp, r, dev: ["--models", str(m), "--data", str(d), "--k", "50", "--queries", "5",
                                              "--warmup", "1", "--device", dev], True),
     "features": (lambda m, d, tmp, r, dev: ["--models", str(m), "--data", str(d), "--queries", "5", "--warmup", "1",
@@ -82,5 +82,7 @@ def test_bench_runs(name: str, device: str, small_models: Path, small_dataset: P
         assert "pass --force" in capsys.readouterr().err
     if name == "ranking":
         assert "served (fused + user-side once)" in out
+        # 3 requests as one batch against one by one, in each form (same scores, asserted by the bench)
+        assert "3 requests x 50 candidates: one batch against one by one" in out and "batch/one" in out
         if device == "cuda":
             assert "served, tables in host memory" in out and "served, no CUDA graphs" in out

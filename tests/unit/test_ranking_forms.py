@@ -224,20 +224,21 @@ def _compiles() -> int:
 @pytest.mark.slow
 @pytest.mark.parametrize("form", ["bf16"])
 def test_a_compiled_form_serves_the_buckets_it_warmed_and_never_compiles_after(form: str) -> None:
-    """Whatever the CPU (bf16 is emulated where not native): every candidate bucket is compiled for one
-    user before serving, any candidate count runs without a compile, and a batch of any number of users
-    runs as one compiled forward per user (``Predictor.per_user``), never compiling and never eager."""
+    """Whatever the CPU (bf16 is emulated where not native): every bucket of users and candidates is
+    compiled before serving, any candidate count runs without a compile, and a batch of more users than
+    warmed for runs in warmed pieces of the segmented form, never compiling and never eager."""
     from recpipe.ranking.predictor import MAX_ROWS, row_buckets
 
     model = model_with("dot", wide=True)
     low = Predictor(model, torch.device("cpu"), precision=form)
     low.set_user_tables(4)
-    assert low.compiled and low.mode == "padded" and low.per_user
+    assert low.compiled and low.mode == "padded" and low.segmented and not low.per_user
     eager = Predictor(model, torch.device("cpu"), precision=form, compile=False)
     eager.set_user_tables(4)
-    assert not eager.per_user
+    assert not eager.per_user and not eager.segmented
     low.warm_buckets(max_users=4)
-    assert low.sealed and low.warmed == {(1, r) for r in row_buckets()}
+    # users padded to at least 2: one graph for every batch size (see test_segmented_*)
+    assert low.sealed and low.warmed == {(u, r) for u in (2, 4) for r in row_buckets()}
     assert row_buckets()[0] == 64 and row_buckets()[-1] == MAX_ROWS
     compiled = _compiles()
     g = np.random.default_rng(5)
@@ -247,11 +248,38 @@ def test_a_compiled_form_serves_the_buckets_it_warmed_and_never_compiles_after(f
         np.testing.assert_allclose(low.score_batch(*args, counts), eager.score_batch(*args, counts), atol=2e-2)
     for k in (1, 2, 3, 17, 500, MAX_ROWS):
         low.score_batch(*requests([k]), [k])
-    # more users than warmed for, and a user with no candidates: still compiled, one user at a time
+    # more users than warmed for, and a user with no candidates: still compiled, in warmed pieces
     counts = [3] * 8 + [0, 5]
     args = requests(counts)
     np.testing.assert_allclose(low.score_batch(*args, counts), eager.score_batch(*args, counts), atol=2e-2)
     assert _compiles() == compiled and low.unwarmed_forwards == 0
+
+
+@pytest.mark.slow
+def test_segmented_form_gives_a_query_the_same_scores_alone_and_in_any_batch() -> None:
+    """The compiled CPU form runs a batch as one call for every user's and candidate's own terms, one
+    matmul per user, one call for the rest (``recpipe.ranking.segmented``): each candidate's row meets
+    the same operations whatever else is in the batch, so batched hops change no score, not even its
+    last bit. The DCN interaction has no fold and keeps one forward per user."""
+    model = model_with("dot", wide=True)
+    low = Predictor(model, torch.device("cpu"), precision="bf16")
+    low.set_user_tables(4)
+    low.warm_buckets(max_users=8)
+    g = np.random.default_rng(11)
+    for trial in range(8):
+        counts = [int(c) for c in g.integers(0, 700, size=int(g.integers(2, 12)))]
+        counts[int(g.integers(len(counts)))] = max(1, counts[0])
+        ud, us, idn, isp = requests(counts, seed=trial)
+        together = low.score_batch(ud, us, idn, isp, counts)
+        starts = np.concatenate([[0], np.cumsum(counts)])
+        for i, c in enumerate(counts):
+            a, z = int(starts[i]), int(starts[i + 1])
+            alone = low.score_batch(ud[i : i + 1], us[i : i + 1], idn[a:z], isp[a:z], [c])
+            np.testing.assert_array_equal(together[a:z], alone)
+    assert low.unwarmed_forwards == 0
+    dcn = Predictor(model_with("dcn"), torch.device("cpu"), precision="bf16")
+    dcn.set_user_tables(4)
+    assert dcn.compiled and dcn.per_user and not dcn.segmented
 
 
 def test_eager_forms_run_each_size_once_and_padded_twins_warm_every_bucket() -> None:

@@ -52,7 +52,10 @@ def test_precisions_load_serve_and_say_what_runs(small_models: Path, small_datas
             assert auto.precision.form != form
     bf16 = RankingCore.load(small_models, device="cpu", precision="bf16")
     assert bf16.details["precision"] == "bf16 (torch.compile)" and bf16.checks["bf16"].ok
-    assert bf16.details["warmed"].startswith("7 shapes (1-1 users x 64-4096 candidates)")
+    # the segmented form (recpipe.ranking.segmented): batches of 2-8 requests x every candidate bucket
+    assert bf16.details["warmed"].startswith("21 shapes (2-8 users x 64-4096 candidates)")
+    assert bf16.details["batch_forward"].startswith("segmented, up to 8 requests")
+    assert fp32.details["batch_forward"] == "up to 32 requests per forward"
     np.testing.assert_allclose(bf16.rank(user, items), ref, atol=probe.MAX_ABS_DP)
     with pytest.raises(UsageError, match="--ranking-precision"):
         RankingCore.load(small_models, device="cpu", precision="fp16")
