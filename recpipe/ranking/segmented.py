@@ -17,7 +17,8 @@ The segmented form pays it once per batch:
 Each candidate's row goes through the same operations whatever else is in the batch (the matmuls'
 rows do not depend on each other), so a query's scores are the same alone and in any batch: a lone
 query runs this form too (B = 1), at about 70 µs more than the one-graph forward it replaced, and a
-batch of 4 x 500 costs 0.72x as much per query (in process, bf16, 2-core EPYC; BENCHMARKS.md).
+batch of 4 x 500 costs 0.59-0.72x as much per query (``recpipe bench ranking --requests 4``, bf16,
+2-core EPYC; BENCHMARKS.md).
 
 The inputs come padded to the predictor's buckets (users and rows) like every compiled form, so the
 compiled parts see only warmed shapes; each user's matmul takes exactly its own rows (a matmul's rows
