@@ -191,8 +191,7 @@ def _batch_table(cores: dict[str, Any], requests: list[Any], args: argparse.Name
         one, batch, dp = _one_and_batch(core, requests, n, args.calls, args.warmup)
         print(f"{name:<22} {one / n:>11.3f} {batch / n:>10.3f} {batch / one:>9.2f}x {dp:>9.2g}  "
               f"{core.details['batch_forward']}")
-    print("max |dp|: the largest change of a score between a request alone and in the batch (0: the same; int8 "
-          "quantizes each call's activations with the call's own scale)")
+    print("max |dp|: the largest change of a score between a request alone and in the batch (0: the same)")
 
 
 def _one_and_batch(core: Any, requests: list[Any], n: int, calls: int,

@@ -230,7 +230,9 @@ def _batch_forward(predictor: Predictor, users: int) -> str:
         return (f"segmented, up to {users} requests: one compiled call for their own terms, one matmul per "
                 "request, one for the rest")
     if predictor.per_user:
-        return "one forward per request"
+        why = " (int8 scales each call's activations: batch-mates would move the scores)" \
+            if predictor.precision == "int8" else ""
+        return "one forward per request" + why
     return f"up to {users} requests per forward"
 
 

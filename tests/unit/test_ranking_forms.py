@@ -282,6 +282,21 @@ def test_segmented_form_gives_a_query_the_same_scores_alone_and_in_any_batch() -
     assert dcn.compiled and dcn.per_user and not dcn.segmented
 
 
+def test_int8_runs_one_forward_per_request_so_batching_moves_no_score() -> None:
+    """int8's dynamic quantization scales a call's activations by that call's range: in one forward a
+    request's scores would depend on its batch-mates. So int8 runs a batch one request at a time."""
+    low = Predictor(model_with("dot", wide=True), torch.device("cpu"), precision="int8")
+    low.set_user_tables(4)
+    assert low.per_user and not low.segmented
+    counts = [40, 7, 300]
+    ud, us, idn, isp = requests(counts, seed=3)
+    together = low.score_batch(ud, us, idn, isp, counts)
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    for i, c in enumerate(counts):
+        a, z = int(starts[i]), int(starts[i + 1])
+        np.testing.assert_array_equal(together[a:z], low.score_batch(ud[i : i + 1], us[i : i + 1], idn[a:z], isp[a:z], [c]))
+
+
 def test_eager_forms_run_each_size_once_and_padded_twins_warm_every_bucket() -> None:
     from recpipe.ranking.predictor import row_buckets
 
