@@ -21,10 +21,11 @@ batch of 4 x 500 costs 0.59-0.72x as much per query (``recpipe bench ranking --r
 2-core EPYC; BENCHMARKS.md).
 
 The inputs come padded to the predictor's buckets (users and rows) like every compiled form, so the
-compiled parts see only warmed shapes; each user's matmul takes exactly its own rows (a matmul's rows
-can round differently with its height: 500 rows alone and 512 padded ones differed in the last bit for
-some users), and the padded rows get zeros there. Shapes not warmed run the same parts eagerly (never
-a compile on the request path).
+compiled parts see only warmed shapes; each user's matmul takes exactly its own rows, so it has the same
+height alone and in a batch (nothing promises a matmul's rows round the same at another height), and the
+padded rows get zeros there. Users are padded to at least 2 (``Predictor._bucketed``): torch.compile
+specializes a size of 1, and that graph rounded some users' wide part differently. Shapes not warmed run
+the same parts eagerly (never a compile on the request path).
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ class SegmentedForward:
                 io.put("item_sparse", item_sparse, np.int64, rows))
             parts, start = [], 0
             for i, count in enumerate(counts):
-                if count:  # exactly the user's rows: a matmul's rows can round differently with its height
+                if count:  # exactly the user's rows: the same matmul alone and in any batch
                     parts.append(torch.addmm(h0[i], flat[start : start + count], folded[i].T))
                     start += count
             if rows > n:  # the padded rows' first layer is nobody's: zeros
