@@ -109,10 +109,9 @@ class Predictor:
         #: or captured on the request path), counted in ``unwarmed_forwards``
         self.sealed = False
         self.unwarmed_forwards = 0
-        #: the compiled CPU form of the dot interaction (``recpipe.ranking.segmented``), and its eager twin
-        #: for shapes not warmed; None elsewhere
+        #: the compiled CPU form of the dot interaction (``recpipe.ranking.segmented``; its parts run eagerly
+        #: for shapes not warmed); None elsewhere
         self._segmented: SegmentedForward | None = None
-        self._segmented_unwarmed: SegmentedForward | None = None
 
     @property
     def mode(self) -> str:
@@ -141,13 +140,12 @@ class Predictor:
     def _build(self, split: nn.Module, compiled: bool) -> None:
         mode = "padded" if compiled and self.graphs == "eager" else self.graphs
         split.gather_segments = mode != "eager" or self.device.type != "cpu"  # type: ignore[assignment]
-        self._segmented = self._segmented_unwarmed = None
+        self._segmented = None
         if compiled and self.device.type == "cpu" and supports_segments(split):
             low = precisions.convert(split, self.precision, compile=False).eval()
             self._split = low
             self._runner = GraphRunner(_probabilities(low), self.device, mode)  # what GetInfo and warming read
-            self._segmented = SegmentedForward(low, self.io, compile=True)
-            self._segmented_unwarmed = SegmentedForward(low, self.io, compile=False)
+            self._segmented = SegmentedForward(low, self.io)
             return
         run = precisions.convert(split, self.precision, compile=compiled).eval()
         self._split = run
@@ -220,7 +218,7 @@ class Predictor:
             return self._score_per_user(user_dense, user_sparse, item_dense, item_sparse, counts)
         users, rows = self._bucketed(b, n) if runner.padded else (b, n)
         unwarmed = self.sealed and (users, rows) not in self.warmed
-        if self._segmented is not None and self._segmented_unwarmed is not None:
+        if self._segmented is not None:
             if unwarmed and b > 1:  # more users or rows than warmed for: halves (the same rows, so the same scores)
                 h, cut = b // 2, int(sum(counts[: b // 2]))
                 return np.concatenate([
@@ -228,8 +226,8 @@ class Predictor:
                     self.score_batch(user_dense[h:], user_sparse[h:], item_dense[cut:], item_sparse[cut:], counts[h:])])
             if unwarmed:
                 self.unwarmed_forwards += 1  # one user's rows beyond the largest bucket: eagerly
-            form = self._segmented_unwarmed if unwarmed else self._segmented
-            return form(user_dense, user_sparse, item_dense, item_sparse, counts, users, rows)
+            return self._segmented(user_dense, user_sparse, item_dense, item_sparse, counts, users, rows,
+                                   compiled=not unwarmed)
         if unwarmed and self._unwarmed is not None:
             self.unwarmed_forwards += 1  # a shape not warmed: run eagerly, never compiled or captured here
             runner = self._unwarmed

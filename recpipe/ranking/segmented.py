@@ -31,6 +31,7 @@ the same parts eagerly (never a compile on the request path).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -65,28 +66,29 @@ def supports_segments(split: nn.Module) -> bool:
 
 
 class SegmentedForward:
-    """``split``'s segmented form: compiled (``compile``) or eager, over one device's staging buffers."""
+    """``split``'s segmented form over one device's staging buffers: its parts compiled, and the same
+    parts eager for shapes that were not warmed."""
 
-    def __init__(self, split: nn.Module, io: DeviceIO, compile: bool) -> None:
+    def __init__(self, split: nn.Module, io: DeviceIO) -> None:
         self.io = io
-        prepare: nn.Module = _Prepare(split)
-        finish: nn.Module = _Finish(split)
-        if compile:
-            prepare = torch.compile(prepare, dynamic=True)  # type: ignore[assignment]
-            finish = torch.compile(finish, dynamic=True)  # type: ignore[assignment]
-        self._prepare: Callable[..., tuple[torch.Tensor, ...]] = prepare
-        self._finish: Callable[..., torch.Tensor] = finish
+        eager: tuple[nn.Module, nn.Module] = (_Prepare(split), _Finish(split))
+        compiled = tuple(torch.compile(part, dynamic=True) for part in eager)
+        #: (prepare, finish) by whether they run compiled
+        self._parts: dict[bool, tuple[Callable[..., Any], Callable[..., Any]]] = {
+            False: eager, True: (compiled[0], compiled[1])}
 
     def __call__(self, user_dense: np.ndarray, user_sparse: np.ndarray, item_dense: np.ndarray,
-                 item_sparse: np.ndarray, counts: Sequence[int], users: int, rows: int) -> np.ndarray:
+                 item_sparse: np.ndarray, counts: Sequence[int], users: int, rows: int,
+                 compiled: bool = True) -> np.ndarray:
         """(B, Du), (B, U), (N, Di), (N, I) with N = sum(counts), padded to ``users`` >= B and ``rows``
-        >= N -> (N,) float32 probabilities."""
+        >= N -> (N,) float32 probabilities; ``compiled`` False runs the parts eagerly."""
         b, n = len(counts), int(sum(counts))
         io = self.io
+        prepare, finish = self._parts[compiled]
         with torch.inference_mode():
             ud = io.put("user_dense", user_dense, np.float32, users)
             idn = io.put("item_dense", item_dense, np.float32, rows)
-            h0, folded, flat, vv, item_emb = self._prepare(
+            h0, folded, flat, vv, item_emb = prepare(
                 ud, io.put("user_sparse", user_sparse, np.int64, users), idn,
                 io.put("item_sparse", item_sparse, np.int64, rows))
             parts, start = [], 0
@@ -97,5 +99,5 @@ class SegmentedForward:
             if rows > n:  # the padded rows' first layer is nobody's: zeros
                 parts.append(h0.new_zeros((rows - n, h0.shape[1])))
             seg = io.put("segments", np.repeat(np.arange(b, dtype=np.int64), counts), np.int64, rows)
-            scores = self._finish(torch.cat(parts) if len(parts) > 1 else parts[0], vv, ud, idn, item_emb, seg)
+            scores = finish(torch.cat(parts) if len(parts) > 1 else parts[0], vv, ud, idn, item_emb, seg)
             return io.fetch("scores", scores, n)
