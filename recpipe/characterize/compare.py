@@ -28,12 +28,14 @@ from recpipe.querygen.plots import _COLORS, _figure, _save
 Runs = Sequence[tuple[str, dict[str, Any]]]
 CHARTS = ("curves.png", "stages.png")
 #: settings shown side by side (varied by a comparison, so not refused)
-_VARIED = ("device", "threads", "workers", "serve_args", "data", "models")
+_VARIED = ("device", "threads", "replicas", "workers", "serve_args", "data", "models")
 
 
 #: sizes a comparison may vary: the SLO table compares bound by bound ("not searched" where a run has no
-#: search at that bound), and a CPU and a GPU are rightly asked different bounds
-_PER_ROW = ("sizes.slo_bounds_ms ",)
+#: search at that bound), and a CPU and a GPU are rightly asked different bounds; the sweep's p99 bound
+#: only says where a sweep stops, and the sweep table compares clients by clients ("-" where a run has
+#: no point)
+_PER_ROW = ("sizes.slo_bounds_ms ", "sizes.sweep_p99_ms ")
 
 
 def differences(base: dict[str, Any], run: dict[str, Any]) -> list[str]:
@@ -64,7 +66,7 @@ def markdown(runs: Runs, unlike: Sequence[str] = (), charts: Sequence[str] = CHA
     out += ["| | " + " | ".join(labels) + " |", "|---|" + "---|" * len(runs)]
     out.append("| platform | " + " | ".join(report.title(doc).replace("|", "/") for _, doc in runs) + " |")
     for key in _VARIED:
-        out.append(f"| {key} | " + " | ".join(str(doc["settings"].get(key)) for _, doc in runs) + " |")
+        out.append(f"| {key} | " + " | ".join(str(settings.value(doc["settings"], key)) for _, doc in runs) + " |")
     out.append("| sections | " + " | ".join(", ".join(doc["sections"]) for _, doc in runs) + " |")
     out += [""]
     out += _sequential(runs) + _cpu(runs) + _sweep(runs) + _slo(runs) + _micro(runs) + _data_paths(runs)

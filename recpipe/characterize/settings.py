@@ -110,11 +110,16 @@ RESUMABLE: tuple[str, ...] = (*COMPARABLE, "data", "models", "device", "threads"
 _DEFAULTS: dict[str, Any] = {"replicas": "1"}
 
 
+def value(block: dict[str, Any], key: str) -> Any:
+    """Setting ``key`` of a settings block, as it was measured (a key older documents lack: its default then)."""
+    return block.get(key, _DEFAULTS.get(key))
+
+
 def differences(a: dict[str, Any], b: dict[str, Any], keys: tuple[str, ...] = COMPARABLE) -> list[str]:
     """``"threads 'auto' vs '2'"`` for each of ``keys`` where the settings blocks differ (sizes by field)."""
     out = []
     for key in keys:
-        x, y = a.get(key, _DEFAULTS.get(key)), b.get(key, _DEFAULTS.get(key))
+        x, y = value(a, key), value(b, key)
         if key == "sizes" and isinstance(x, dict) and isinstance(y, dict):
             out += [f"sizes.{k} {x.get(k)!r} vs {y.get(k)!r}" for k in sorted(set(x) | set(y)) if x.get(k) != y.get(k)]
         elif x != y:

@@ -79,6 +79,7 @@ def test_every_reference_has_its_report_and_its_charts_stay_small() -> None:
 @pytest.mark.parametrize("pair", [("h200-cuda-03a97ac", "h200-cpu-03a97ac"),
                                   ("h200-cuda-03a97ac", "h200-cuda-83e711b"),
                                   ("h200-cuda-d26ae00", "h200-cuda-wait0-d26ae00"),
+                                  ("h200-cuda-03a97ac", "h200-cuda-252dad2"),
                                   ("h200-cpu-03a97ac", "epyc-2c-cpu-03a97ac")])
 def test_report_compares_the_committed_documents(pair: tuple[str, str], tmp_path: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
@@ -96,6 +97,18 @@ def test_report_refuses_documents_measured_on_other_data(tmp_path: Path,
     a, b = BENCH / "epyc-2c-cpu-03a97ac", BENCH / "epyc-2c-cpu-scale0.1-03a97ac"
     assert main(["report", str(a), str(b), "--out", str(tmp_path / "r")]) == 2
     assert "data_scale 1.0 vs 0.1" in capsys.readouterr().err
+
+
+def test_a_sweep_bound_differs_without_making_runs_unlike() -> None:
+    # the sweep's p99 bound says only where a sweep stops; the table compares clients by clients
+    from recpipe.characterize import compare, document
+
+    base, run = (document.load(BENCH / n) for n in ("h200-cuda-03a97ac", "h200-cuda-252dad2"))
+    assert base["settings"]["sizes"]["sweep_p99_ms"] != run["settings"]["sizes"]["sweep_p99_ms"]
+    assert compare.differences(base, run) == []
+    other = json.loads(json.dumps(run))
+    other["settings"]["sizes"]["point_s"] = 1.0
+    assert compare.differences(base, other) == ["sizes.point_s 5.0 vs 1.0"]
 
 
 def test_slo_bounds_differ_without_making_runs_unlike(tmp_path: Path) -> None:
