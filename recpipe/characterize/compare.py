@@ -32,14 +32,26 @@ _VARIED = ("device", "threads", "replicas", "workers", "serve_args", "data", "mo
 
 
 #: sizes a comparison may vary: the SLO table compares bound by bound ("not searched" where a run has no
-#: search at that bound), and a CPU and a GPU are rightly asked different bounds; the sweep's p99 bound
-#: only says where a sweep stops, and the sweep table compares clients by clients ("-" where a run has
-#: no point)
-_PER_ROW = ("sizes.slo_bounds_ms ", "sizes.sweep_p99_ms ")
+#: search at that bound), and a CPU and a GPU are rightly asked different bounds
+_PER_ROW = ("sizes.slo_bounds_ms ",)
+#: the sweep's p99 bound only says where a sweep stops (the sweep table compares clients by clients, "-"
+#: where a run has no point): it makes two runs unlike only where it stopped one of them
+_SWEEP_BOUND = "sizes.sweep_p99_ms "
 
 
 def differences(base: dict[str, Any], run: dict[str, Any]) -> list[str]:
-    return [d for d in settings.differences(base["settings"], run["settings"]) if not d.startswith(_PER_ROW)]
+    bound_stopped = _stopped_by_bound(base) or _stopped_by_bound(run)
+    return [d for d in settings.differences(base["settings"], run["settings"])
+            if not d.startswith(_PER_ROW) and (bound_stopped or not d.startswith(_SWEEP_BOUND))]
+
+
+def _stopped_by_bound(doc: dict[str, Any]) -> bool:
+    """Whether ``doc``'s sweep ended because its last point's p99 passed the sweep's bound (a document
+    without a sweep: as if it had)."""
+    sweep = doc["sections"].get("sweep")
+    if not sweep or not sweep.get("points"):
+        return True
+    return bool(sweep["points"][-1]["p99_us"] / 1000 > sweep["p99_bound_ms"])
 
 
 def _x(r: float | None) -> str:

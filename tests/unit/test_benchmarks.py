@@ -99,16 +99,22 @@ def test_report_refuses_documents_measured_on_other_data(tmp_path: Path,
     assert "data_scale 1.0 vs 0.1" in capsys.readouterr().err
 
 
-def test_a_sweep_bound_differs_without_making_runs_unlike() -> None:
+def test_a_sweep_bound_makes_runs_unlike_only_where_it_stopped_a_sweep() -> None:
     # the sweep's p99 bound says only where a sweep stops; the table compares clients by clients
     from recpipe.characterize import compare, document
 
     base, run = (document.load(BENCH / n) for n in ("h200-cuda-03a97ac", "h200-cuda-252dad2"))
     assert base["settings"]["sizes"]["sweep_p99_ms"] != run["settings"]["sizes"]["sweep_p99_ms"]
+    assert base["sections"]["sweep"]["stop_reason"].startswith("throughput rose less than")
+    assert run["sections"]["sweep"]["stop_reason"] == "reached 64 clients"
     assert compare.differences(base, run) == []
     other = json.loads(json.dumps(run))
     other["settings"]["sizes"]["point_s"] = 1.0
     assert compare.differences(base, other) == ["sizes.point_s 5.0 vs 1.0"]
+    # a sweep its bound stopped would have gone on under the other run's bound: unlike
+    stopped = json.loads(json.dumps(run))
+    stopped["sections"]["sweep"]["points"][-1]["p99_us"] = 150_000
+    assert compare.differences(base, stopped) == ["sizes.sweep_p99_ms 200.0 vs 100.0"]
 
 
 def test_slo_bounds_differ_without_making_runs_unlike(tmp_path: Path) -> None:
