@@ -51,7 +51,7 @@ def _stopped_by_bound(doc: dict[str, Any]) -> bool:
     sweep = doc["sections"].get("sweep")
     if not sweep or not sweep.get("points"):
         return True
-    return bool(sweep["points"][-1]["p99_us"] / 1000 > sweep["p99_bound_ms"])
+    return settings.past_sweep_bound(sweep["points"][-1]["p99_us"], sweep["p99_bound_ms"])
 
 
 def _x(r: float | None) -> str:

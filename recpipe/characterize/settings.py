@@ -110,6 +110,12 @@ RESUMABLE: tuple[str, ...] = (*COMPARABLE, "data", "models", "device", "threads"
 _DEFAULTS: dict[str, Any] = {"replicas": "1"}
 
 
+def past_sweep_bound(p99_us: float, bound_ms: float) -> bool:
+    """Whether a sweep point's end-to-end p99 passed the sweep's bound: where the sweep stops, and what
+    makes two sweep bounds matter to a comparison (``recpipe.characterize.compare``)."""
+    return p99_us > bound_ms * 1000
+
+
 def value(block: dict[str, Any], key: str) -> Any:
     """Setting ``key`` of a settings block, as it was measured (a key older documents lack: its default then)."""
     return block.get(key, _DEFAULTS.get(key))
