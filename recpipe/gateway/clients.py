@@ -56,6 +56,8 @@ class _StageClient:
         if len(self.replica_channels) > 1:
             for replica in self.replica_channels:
                 replica.get_state(try_to_connect=True)  # connected before the first call needs it
+        #: the batch calls out on each replica from all of this stage's hops (``Hop``'s ``busy``)
+        self._replica_busy = [0] * len(self.replica_channels)
 
     @property
     def channel(self) -> aio.Channel:
@@ -71,7 +73,7 @@ class _StageClient:
         # while no replica's own channel is connected (at start, or after a restart), the balanced
         # channel, which the readiness checks prove connected, carries the calls
         fallback = self._route(stub_class(self._channel), method, batch_request, None) if several else None
-        hop: Hop[Any, Any] = Hop(f"{self.stage}.{method}", routes, self._hop_config, fallback)
+        hop: Hop[Any, Any] = Hop(f"{self.stage}.{method}", routes, self._hop_config, fallback, self._replica_busy)
         self.hops[method] = hop
         return hop
 

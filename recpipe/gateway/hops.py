@@ -24,6 +24,10 @@ of the stages' dynamic batcher (``recpipe.serving.batcher``), with the same knob
   batch to a busy replica while another is idle); while no replica's own channel is up (they are
   still connecting, or all down) the calls take the ``fallback`` route, the balanced channel that the
   gateway's readiness checks go over;
+- the hops of one stage's methods share what each replica has out (``busy``): a replica works one
+  call at a time on its event loop (a short one inline, ``recpipe.serving.inline``), so a batch of
+  cheap AugmentUser calls sent to the features replica that is computing a batch of AugmentItems waits
+  for it; it goes to the first replica with nothing out of any method, else to the least busy;
 - each call gets its own answer or its own error; a call whose deadline passes while queued is
   answered DEADLINE_EXCEEDED without being sent, and a cancelled one is dropped.
 """
@@ -85,9 +89,12 @@ class Hop(Generic[Req, Res]):
     """One stage method's calls from the gateway (see the module doc), over ``routes`` (one per replica)
     and ``fallback``; a route's ``unary`` and ``batch`` raise or return domain errors, never gRPC ones."""
 
-    def __init__(self, name: str, routes: Sequence[Route], config: HopConfig, fallback: Route | None = None) -> None:
+    def __init__(self, name: str, routes: Sequence[Route], config: HopConfig, fallback: Route | None = None,
+                 busy: list[int] | None = None) -> None:
         if not routes:
             raise ValueError(f"{name}: a hop needs at least one route")
+        if busy is not None and len(busy) != len(routes):
+            raise ValueError(f"{name}: {len(busy)} replica counts for {len(routes)} routes")
         self.name = name
         self.routes = list(routes)
         self.fallback = fallback
@@ -96,6 +103,8 @@ class Hop(Generic[Req, Res]):
         #: batch calls out at once on one route
         self.per_route = math.ceil(self.max_in_flight / len(self.routes))
         self._out = [0] * len(self.routes)
+        #: the batch calls out on each route from every hop of the stage (this one's only, unshared)
+        self._busy = busy if busy is not None else [0] * len(self.routes)
         self._turn = -1
         self._queue: deque[_Call] = deque()
         self._wake: asyncio.Event | None = None
@@ -167,6 +176,7 @@ class Hop(Generic[Req, Res]):
                 self._in_flight += 1
                 if route != _FALLBACK:
                     self._out[route] += 1
+                    self._busy[route] += 1
                 task = asyncio.get_running_loop().create_task(self._send(batch, route))
                 self._sends.add(task)
                 task.add_done_callback(self._sends.discard)
@@ -201,22 +211,28 @@ class Hop(Generic[Req, Res]):
         return self.routes[index]
 
     def _free_route(self) -> int | None:
-        """The first route (in their fixed order) with room for a batch call and a channel that is up;
-        where no route is up, the fallback (``_FALLBACK``), else the first with room (its call fails at
-        once, as the stage is down); None while the calls out fill ``max_in_flight`` or every route
-        that is up is busy."""
+        """Of the routes with room for a batch call and a channel that is up, the first (in their fixed
+        order) with nothing out of any hop of the stage, else the one with the fewest calls out; where
+        no route is up, the fallback (``_FALLBACK``), else the first with room (its call fails at once,
+        as the stage is down); None while the calls out fill ``max_in_flight`` or every route that is
+        up is busy."""
         if self._in_flight >= self.max_in_flight:
             return None
-        first_with_room = None
+        first_with_room = best = None
         any_up = False
         for i, route in enumerate(self.routes):
             up = route.up()
             any_up = any_up or up
             if self._out[i] < self.per_route:
                 if up:
-                    return i
-                if first_with_room is None:
+                    if not self._busy[i]:
+                        return i
+                    if best is None or self._busy[i] < self._busy[best]:
+                        best = i
+                elif first_with_room is None:
                     first_with_room = i
+        if best is not None:
+            return best
         if any_up:
             return None
         return _FALLBACK if self.fallback is not None else first_with_room
@@ -254,6 +270,7 @@ class Hop(Generic[Req, Res]):
             self._in_flight -= 1
             if index != _FALLBACK:
                 self._out[index] -= 1
+                self._busy[index] -= 1
             if self._wake is not None:
                 self._wake.set()
         if index != _FALLBACK:

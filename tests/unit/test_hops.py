@@ -332,3 +332,35 @@ def test_while_one_replica_works_a_free_one_takes_the_next_batch_without_waiting
         assert await first == "answer a"
 
     asyncio.run(go())
+
+
+def test_the_hops_of_one_stage_send_to_the_replica_the_others_left_free() -> None:
+    """A replica computing one method's batch holds the next call of any method: the cheap method's
+    batch goes to the replica with nothing out, and back to the first once that is free."""
+    async def go() -> None:
+        replicas = [Replica() for _ in range(2)]
+        busy = [0, 0]
+
+        def hop(name: str, shared: list[int] | None) -> Hop[Any, Any]:
+            routes = [Route(r.unary, r.batch, lambda r=r: r.up) for r in replicas]  # type: ignore[misc]
+            return Hop(name, routes, HopConfig(), busy=shared)
+
+        items, user = hop("features.AugmentItems", busy), hop("features.AugmentUser", busy)
+        alone = hop("features.AugmentUser", None)  # a hop that does not see the others' calls
+        a, b = replicas
+        a.gate.clear()
+        held = asyncio.create_task(items("items 1", None))
+        await asyncio.sleep(0.01)
+        assert a.sent == [["items 1"]] and busy == [1, 0]
+        assert await user("user 1", None) == "answer user 1" and b.sent == [["user 1"]]  # not behind it
+        alone_call = asyncio.create_task(alone("user 2", None))
+        await asyncio.sleep(0.01)
+        assert a.sent[-1] == ["user 2"]  # unshared, the first replica looked free: it waits there
+        a.gate.set()
+        assert await held == "answer items 1" and await alone_call == "answer user 2"
+        assert busy == [0, 0]
+        assert await user("user 3", None) == "answer user 3" and a.sent[-1] == ["user 3"]  # nothing out: the first
+        with pytest.raises(ValueError, match="1 replica counts for 2 routes"):
+            Hop("s.M", [Route(r.unary, r.batch) for r in replicas], HopConfig(), busy=[0])
+
+    asyncio.run(go())
