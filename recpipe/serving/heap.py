@@ -8,15 +8,33 @@ collections grow by a quarter, so a long run meets them. ``gc.freeze()`` moves e
 load into a permanent generation that collections skip, so a later full collection walks only what
 serving allocated since; the objects frozen stay alive, as they would have anyway (the process holds
 them until it exits). Instagram's web servers do the same after fork.
+
+Then glibc's malloc keeps the memory serving frees (``keep_freed_memory``). By default it hands a
+large freed block back to the kernel (a block over its mmap threshold is unmapped; free space over its
+trim threshold at the top of the heap is trimmed), and the next allocation of that size faults every
+page in again, zeroed. A batch call's messages are such blocks: a RankBatch of 6 x 500 candidates is
+565 kB, serialized into one buffer and copied into another, so the gateway took 58.6 page faults per
+query and 0.81 ms of CPU; keeping them, 3.7 faults and 0.60 ms (2-core EPYC VM, closed loop, 8
+clients). The process keeps up to its peak of freed memory instead of returning it.
 """
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import logging
+import sys
 import time
 
 log = logging.getLogger(__name__)
+
+#: ``mallopt`` parameters (glibc's malloc.h)
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+#: blocks below this come from the heap, not from their own mapping (glibc's largest: 32 MiB on 64-bit)
+MMAP_THRESHOLD = 32 << 20
+#: free space at the top of the heap kept up to this much (a batch call's buffers are a few MB)
+TRIM_THRESHOLD = 64 << 20
 
 
 def settle(name: str) -> int:
@@ -26,6 +44,20 @@ def settle(name: str) -> int:
     gc.collect()
     gc.freeze()
     frozen = gc.get_freeze_count()
-    log.info("%s: %d objects frozen out of the garbage collector after load (%.0f ms)", name, frozen,
-             (time.perf_counter() - t0) * 1e3)
+    kept = keep_freed_memory()
+    log.info("%s: %d objects frozen out of the garbage collector after load (%.0f ms); freed memory %s", name,
+             frozen, (time.perf_counter() - t0) * 1e3, "kept" if kept else "returned (not glibc)")
     return frozen
+
+
+def keep_freed_memory() -> bool:
+    """Make glibc's malloc keep the blocks this process frees, up to the thresholds above (module doc);
+    False where the C library is not glibc (musl, macOS), which is left as it is."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None)
+        libc.gnu_get_libc_version  # noqa: B018 (glibc only: musl has a mallopt that does nothing)
+    except (OSError, AttributeError):
+        return False
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1)

@@ -34,3 +34,40 @@ def test_a_settled_heap_has_its_garbage_collected_and_the_rest_out_of_full_colle
     assert got["before"] == 1000 and got["after"] == 0  # the cycles loading left were collected
     assert got["frozen"] >= 200_000 and got["again"]  # the rest is frozen; a second settle keeps it so
     assert got["full_ms"] < got["walked_ms"] / 4  # a full collection no longer walks the loaded objects
+
+
+FAULTS = r"""
+import json, resource, sys
+from recpipe.serving import heap
+
+kept = heap.keep_freed_memory() if sys.argv[1] == "keep" else None
+def faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+def round_():  # a batch call's buffers: a few blocks of a megabyte, alive together, then freed
+    held = [bytearray(1 << 20) for _ in range(3)]
+    del held
+for _ in range(3):
+    round_()
+f0 = faults()
+for _ in range(50):
+    round_()
+print(json.dumps({"kept": kept, "faults_per_round": (faults() - f0) / 50}))
+"""
+
+
+def _faults(mode: str) -> dict[str, object]:
+    out = subprocess.run([sys.executable, "-c", FAULTS, mode], capture_output=True, text=True, check=True, timeout=60)
+    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def test_a_settled_stage_keeps_the_memory_it_frees_instead_of_faulting_it_in_again() -> None:
+    import platform
+
+    if platform.libc_ver()[0] != "glibc":
+        assert _faults("keep")["kept"] is False  # left as it is where malloc is not glibc's
+        return
+    default, kept = _faults("default"), _faults("keep")
+    assert kept["kept"] is True
+    # 3 MB freed: glibc returns what is over its trim threshold to the kernel, and the next round
+    # faults it back in page by page (480 faults a round here); kept, none
+    assert default["faults_per_round"] >= 100 and kept["faults_per_round"] < 10, (default, kept)
