@@ -13,9 +13,10 @@ Then glibc's malloc keeps the memory serving frees (``keep_freed_memory``). By d
 large freed block back to the kernel (a block over its mmap threshold is unmapped; free space over its
 trim threshold at the top of the heap is trimmed), and the next allocation of that size faults every
 page in again, zeroed. A batch call's messages are such blocks: a RankBatch of 6 x 500 candidates is
-565 kB, serialized into one buffer and copied into another, so the gateway took 58.6 page faults per
-query and 0.81 ms of CPU; keeping them, 3.7 faults and 0.60 ms (2-core EPYC VM, closed loop, 8
-clients). The process keeps up to its peak of freed memory instead of returning it.
+565 kB, serialized into one buffer and copied into another, so the gateway took 60.5-61.1 page faults
+per query; keeping them, 3.4-3.7, and its CPU per query fell from 0.86 to 0.74 ms (means of 5 rounds,
+2-core EPYC VM, closed loop, 8 clients; BENCHMARKS.md). The process keeps up to its peak of freed
+memory instead of returning it (the gateway's RSS: +5 MB).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def settle(name: str) -> int:
     frozen = gc.get_freeze_count()
     kept = keep_freed_memory()
     log.info("%s: %d objects frozen out of the garbage collector after load (%.0f ms); freed memory %s", name,
-             frozen, (time.perf_counter() - t0) * 1e3, "kept" if kept else "returned (not glibc)")
+             frozen, (time.perf_counter() - t0) * 1e3, "kept" if kept else "left to malloc's defaults")
     return frozen
 
 
