@@ -4,6 +4,7 @@ answers equal an unbatched gateway's over the same stages."""
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -117,8 +118,16 @@ def gateways(serving_chain, serving_threads):
 
 
 def _recommend_all(address: str, users: list[int], concurrency: int) -> list[object]:
+    """Each user's Recommend on its own client, ``concurrency`` at once. With one thread per user, every
+    client connects (a GetInfo call) before any sends: then the queries are in flight together, not
+    spread over the clients' connection set-ups (a loaded machine took longer than a hop's wait)."""
+    together = threading.Barrier(len(users)) if concurrency == len(users) else None
+
     def one(u: int) -> object:
         with RecommendClient(address) as client:
+            if together is not None:
+                client.info(timeout=10)
+                together.wait(timeout=30)
             try:
                 return client.recommend(u, num_candidates=60, num_results=8)
             except UnknownUser as e:
