@@ -1,18 +1,21 @@
 """Which of gRPC core's two I/O paths recpipe's processes use.
 
-grpcio 1.85 moves a call's socket reads and writes onto the EventEngine (its ``event_engine_client``
-and ``event_engine_listener`` experiments, on by default): the bytes are read on the engine's own
-threads and handed over to the thread that polls the completion queue, which grpc.aio hands over to
-the event loop, one more thread wake-up per event. gRPC core's older I/O path (iomgr) reads them on
-the polling thread itself. Both are gRPC's own, selected with its ``GRPC_EXPERIMENTS`` variable, which
-core reads once, when ``grpc`` is imported.
+grpcio 1.85 runs a call's socket reads and writes on its EventEngine (the ``event_engine_client`` and
+``event_engine_listener`` experiments, on by default); gRPC core's older I/O path, iomgr, is still
+built in. Both are gRPC's own, chosen with its ``GRPC_EXPERIMENTS`` variable, which core reads once,
+when ``grpc`` is imported. On this project's calls iomgr costs less CPU per call. Where it goes was
+not traced: the voluntary context switches per call are the same on both paths (1.05 in the client,
+2.4-2.7 in the server, one call at a time), so it is the path's own work, not extra thread wake-ups.
 
-Measured on the 2-core EPYC VM (BENCHMARKS.md, "Batched hops and replicas"):
+Measured on the 2-core EPYC VM, alternating (BENCHMARKS.md, "Batched hops and replicas"):
 
-- a bare grpc.aio unary echo, 100 bytes: client CPU 160 -> 110-120 us per call, server 245 -> 200-210 us;
-- ``recpipe bench querygen`` at 12,000 q/s: 2 sender processes 8,298 / 7,979 -> 9,471 / 9,255 q/s
-  (generator CPU 148-153 -> 121-129 us per query, the fixed-reply target's 74-76 -> 69-70);
-- the chain, closed loop of 8: serving CPU per query, median of 5 alternating rounds, 2.84 -> 2.64 ms.
+- a bare grpc.aio unary echo of 2 kB, 8 calls at once, 3 rounds: client CPU per call 113-144 -> 85-96
+  us, server 156-186 -> 143-164 us; one call at a time, 2 rounds: client 190-196 -> 124-144 us, server
+  318-325 -> 240-255 us;
+- the chain, closed loop of 8, 5 rounds: serving CPU per query 2.84 -> 2.64 ms (medians; 4 of 5 pairs
+  lower);
+- the chain in open loop at 250 and 300 q/s (batches of 1-3): 4.79 -> 4.88 and 4.28 -> 4.22 ms, within
+  the host's noise; p99 likewise.
 
 So ``prefer_iomgr`` (called by the CLI before anything imports grpc, so every recpipe process and the
 processes it starts inherit it) chooses the older path, unless the user has set ``GRPC_EXPERIMENTS``
