@@ -18,7 +18,6 @@ from collections.abc import Iterator, Sequence
 
 from recpipe import __version__, termination
 from recpipe.errors import RecpipeError, UsageError
-from recpipe.serving import grpc_io
 from recpipe.termination import Terminated
 
 #: subcommand -> module under recpipe.commands
@@ -83,7 +82,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the process exit code (0 ok, 1 runtime failure, 2 bad usage/input)."""
-    grpc_io.prefer_iomgr()  # before the commands import grpc, which reads it once
     try:
         parser = build_parser()
         args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))

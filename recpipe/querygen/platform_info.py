@@ -78,6 +78,6 @@ def detect() -> dict[str, Any]:
         "python": platform.python_version(),
         "hostname": platform.node(),
         "libraries": library_versions(),
-        # gRPC core's I/O path (``recpipe.serving.grpc_io``): None = gRPC's defaults
+        # gRPC core's experiments, where the user set them (they change its cost per call); None = defaults
         "grpc_experiments": os.environ.get("GRPC_EXPERIMENTS"),
     }
