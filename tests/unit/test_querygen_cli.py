@@ -80,3 +80,12 @@ def test_bench_querygen_rejects_bad_rates(capsys: pytest.CaptureFixture[str], ra
 @pytest.mark.parametrize("processes", ["0", "auto", "1,x"])
 def test_bench_querygen_rejects_bad_process_counts(capsys: pytest.CaptureFixture[str], processes: str) -> None:
     _one_line_exit_2(capsys, ["bench", "querygen", "--processes", processes], "--processes")
+
+
+def test_the_platform_block_records_the_grpc_experiments_a_user_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    from recpipe.querygen import platform_info
+
+    monkeypatch.delenv("GRPC_EXPERIMENTS", raising=False)
+    assert platform_info.detect()["grpc_experiments"] is None  # gRPC's defaults
+    monkeypatch.setenv("GRPC_EXPERIMENTS", "-event_engine_client")  # changes gRPC's cost per call
+    assert platform_info.detect()["grpc_experiments"] == "-event_engine_client"
