@@ -7,7 +7,7 @@ AugmentUser is a single-row gather of tens of microseconds, so it runs directly.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
 from grpc import aio
@@ -98,3 +98,13 @@ class FeatureStage(CoreStage[FeatureCoreLike]):
     ) -> features_pb2.AugmentItemsBatchResponse:
         entries = await self.handle_batch(AUGMENT_ITEMS, request, context, features_pb2.AugmentItemsEntry)
         return features_pb2.AugmentItemsBatchResponse(entries=entries)
+
+    async def AugmentUserStream(self, requests: AsyncIterator[features_pb2.AugmentUserBatchRequest],
+                                context: aio.ServicerContext) -> None:
+        await self.handle_stream(AUGMENT_USER, requests, context, features_pb2.AugmentUserEntry,
+                                 features_pb2.AugmentUserBatchResponse)
+
+    async def AugmentItemsStream(self, requests: AsyncIterator[features_pb2.AugmentItemsBatchRequest],
+                                 context: aio.ServicerContext) -> None:
+        await self.handle_stream(AUGMENT_ITEMS, requests, context, features_pb2.AugmentItemsEntry,
+                                 features_pb2.AugmentItemsBatchResponse)

@@ -5,7 +5,8 @@ with the stage named in the message, so the gateway's interceptor answers the cl
 code: a stage that is down becomes UNAVAILABLE "retrieval unavailable at 127.0.0.1:50053: ...".
 Each client opens its own channel to ``target``, or uses the ``channel`` it is given (the query
 generator passes channels it has already checked are ready). With ``hops`` (``recpipe.gateway.hops``)
-the calls in flight go out as one batch call per stage method; where ``target`` lists several replicas
+the calls in flight go out as one batch call per stage method (with ``HopConfig.stream``, as one
+message of a stream per stage method and replica: ``recpipe.gateway.streams``); where ``target`` lists several replicas
 (``recpipe serve --replicas``), the client also opens one channel per replica, and the hop chooses
 the replica of each batch itself (the balanced channel stays for the readiness checks).
 """
@@ -21,6 +22,7 @@ from grpc import aio
 
 from recpipe.errors import ArtifactMismatch, RecpipeError
 from recpipe.gateway.hops import Hop, HopConfig, Route, replica_targets
+from recpipe.gateway.streams import HopStream, StreamBroken
 from recpipe.serving import codec
 from recpipe.serving.channels import make_channel
 from recpipe.serving.status import error_for
@@ -58,6 +60,8 @@ class _StageClient:
                 replica.get_state(try_to_connect=True)  # connected before the first call needs it
         #: the batch calls out on each replica from all of this stage's hops (``Hop``'s ``busy``)
         self._replica_busy = [0] * len(self.replica_channels)
+        #: the hops' streams, one per method and replica (``HopConfig.stream``)
+        self.streams: list[HopStream] = []
 
     @property
     def channel(self) -> aio.Channel:
@@ -68,7 +72,11 @@ class _StageClient:
         """The calls of ``method`` through a ``Hop``: one ``<method>Batch`` RPC (entries in
         ``batch_request``) for the calls in flight, ``method`` for a call alone, on each replica."""
         several = len(self.replica_channels) > 1
-        routes = [self._route(stub_class(ch), method, batch_request, ch if several else None)
+        # a ``dns:`` name keeps one RPC per call, so round_robin spreads every call over the addresses it
+        # resolves to (a stream would pin its calls to one of them); the addresses ``serve --replicas``
+        # lists each have their own route, and a host:port is one server
+        stream = self._hop_config.stream and not self.target.startswith("dns:")
+        routes = [self._route(stub_class(ch), method, batch_request, ch if several else None, stream)
                   for ch in self.replica_channels]
         # while no replica's own channel is connected (at start, or after a restart), the balanced
         # channel, which the readiness checks prove connected, carries the calls
@@ -77,7 +85,10 @@ class _StageClient:
         self.hops[method] = hop
         return hop
 
-    def _route(self, stub: Any, method: str, batch_request: Callable[..., Any], channel: aio.Channel | None) -> Route:
+    def _route(self, stub: Any, method: str, batch_request: Callable[..., Any], channel: aio.Channel | None,
+               stream: bool = False) -> Route:
+        """The unary and batch calls of ``method`` on ``stub``; with ``stream``, both as messages of one
+        ``<method>Stream`` (``recpipe.gateway.streams``), back to the RPCs if the stage has none."""
         unary, batch = getattr(stub, method), getattr(stub, f"{method}Batch")
 
         async def one(request: Any, timeout: float | None) -> Any:
@@ -85,13 +96,40 @@ class _StageClient:
 
         async def many(requests: list[Any], timeouts_us: list[int], timeout: float | None) -> list[Any]:
             reply = await self._call(batch, batch_request(entries=requests, timeout_us=timeouts_us), timeout)
-            return [e.ok if e.WhichOneof("result") == "ok" else self._failure(_CODES.get(e.error.code, grpc.StatusCode.UNKNOWN),
-                                                                              e.error.message)
-                    for e in reply.entries]
+            return self._entries(reply)
 
-        if channel is None:
-            return Route(one, many)
-        return Route(one, many, lambda: _connected(channel))
+        up = (lambda: True) if channel is None else (lambda: _connected(channel))
+        if not stream:
+            return Route(one, many, up)
+        hop_stream = HopStream(f"{self.stage}.{method}", getattr(stub, f"{method}Stream"))
+        self.streams.append(hop_stream)
+
+        async def streamed(requests: list[Any], timeouts_us: list[int], timeout: float | None) -> list[Any]:
+            if hop_stream.unsupported:
+                return await many(requests, timeouts_us, timeout)
+            try:
+                reply = await hop_stream(batch_request(entries=requests, timeout_us=timeouts_us), timeout)
+            except StreamBroken as e:
+                if e.code == grpc.StatusCode.UNIMPLEMENTED:
+                    return await many(requests, timeouts_us, timeout)
+                raise self._failure(e.code, e.details) from None
+            except TimeoutError:
+                raise self._failure(grpc.StatusCode.DEADLINE_EXCEEDED, "") from None
+            return self._entries(reply)
+
+        async def streamed_one(request: Any, timeout: float | None) -> Any:
+            answer = (await streamed([request], [0 if timeout is None else max(1, int(timeout * 1e6))], timeout))[0]
+            if isinstance(answer, BaseException):
+                raise answer
+            return answer
+
+        return Route(streamed_one, streamed, up)
+
+    def _entries(self, reply: Any) -> list[Any]:
+        """A batch answer's entries: each its response, or the domain error of its status."""
+        return [e.ok if e.WhichOneof("result") == "ok" else self._failure(_CODES.get(e.error.code, grpc.StatusCode.UNKNOWN),
+                                                                          e.error.message)
+                for e in reply.entries]
 
     async def _call(self, rpc: Callable[..., Awaitable[R]], request: object, timeout: float | None) -> R:
         try:
@@ -111,6 +149,8 @@ class _StageClient:
     async def close(self) -> None:
         for hop in self.hops.values():
             await hop.close()
+        for stream in self.streams:
+            await stream.close()
         for channel in {id(c): c for c in (self._channel, *self.replica_channels)}.values():
             await channel.close(None)
 

@@ -29,7 +29,10 @@ of the stages' dynamic batcher (``recpipe.serving.batcher``), with the same knob
   cheap AugmentUser calls sent to the features replica that is computing a batch of AugmentItems waits
   for it; it goes to the first replica with nothing out of any method, else to the least busy;
 - each call gets its own answer or its own error; a call whose deadline passes while queued is
-  answered DEADLINE_EXCEEDED without being sent, and a cancelled one is dropped.
+  answered DEADLINE_EXCEEDED without being sent, and a cancelled one is dropped;
+- how a batch travels is the route's business: with ``HopConfig.stream`` (``--hop-transport stream``,
+  the gateway's default) the stage clients make each route send its batches, a batch of one too, as
+  the messages of one long-lived stream (``recpipe.gateway.streams``), about half the CPU of an RPC.
 """
 
 from __future__ import annotations
@@ -76,6 +79,9 @@ class HopConfig:
     max_in_flight: int = 0
     #: how long a batch may wait for the queries on their way to this hop (``Hop.upstream``)
     upstream_wait_us: int = 0
+    #: send the calls as the messages of one stream per stage method and replica instead of as RPCs
+    #: (``recpipe.gateway.streams``; the stage clients build the routes)
+    stream: bool = False
 
 
 @dataclass

@@ -41,6 +41,10 @@ class GatewayOptions(StageOptions):
                                                   "the chain has processes, else 0")
     hop_max_in_flight: int = option(0, help="gateway: batch calls out at once per stage method, spread evenly over its "
                                             "replicas (default 0 = one per replica)")
+    hop_transport: str = option("stream", choices=("stream", "rpc"),
+                                help="gateway: how a hop's batch calls travel: stream (the default), as the messages "
+                                     "of one long-lived stream per stage method and replica, about half the CPU "
+                                     "of an RPC; rpc, one unary or batch RPC each")
 
     def __post_init__(self) -> None:
         if self.max_in_flight < 1:
@@ -55,6 +59,11 @@ class GatewayOptions(StageOptions):
         negative_wait = self.hop_upstream_wait_us != "auto" and int(self.hop_upstream_wait_us) < 0
         if self.hop_queue_delay_us < 0 or self.hop_max_in_flight < 0 or negative_wait:
             raise UsageError("--hop-queue-delay-us, --hop-upstream-wait-us and --hop-max-in-flight must be >= 0")
+        self._check_transport()
+
+    def _check_transport(self) -> None:
+        if self.hop_transport not in ("stream", "rpc"):
+            raise UsageError(f"--hop-transport must be stream or rpc, got {self.hop_transport!r}")
 
     def upstream_wait_us(self, processes: int, cores: int) -> int:
         """``--hop-upstream-wait-us`` for a chain of ``processes`` serving processes on ``cores`` cores
@@ -66,4 +75,4 @@ class GatewayOptions(StageOptions):
     def hops(self, processes: int, cores: int) -> HopConfig:
         """The hops' settings for a chain of ``processes`` serving processes on ``cores`` cores."""
         return HopConfig(self.hop_max_batch, self.hop_queue_delay_us, self.hop_max_in_flight,
-                         self.upstream_wait_us(processes, cores))
+                         self.upstream_wait_us(processes, cores), stream=self.hop_transport == "stream")

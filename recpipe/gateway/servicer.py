@@ -82,8 +82,13 @@ class GatewayStage(Stage):
                                 f"{hop.max_in_flight} out at once)"
                 for client in (self._clients or ()) for name, hop in client.hops.items()}
         wait = {"upstream_wait_us": self._upstream_wait} if self._upstream_wait else {}
+        streams = [s for client in (self._clients or ()) for s in client.streams]
+        transport = self.options.hop_transport
+        if streams:  # none where every target is a dns: name (``GrpcFeatureClient``'s routes)
+            transport += (f" ({sum(s.opened for s in streams)} streams opened, "
+                          f"{sum(s.resent for s in streams)} calls sent again)")
         return StageInfo(self.name, "cpu", version, 1, {**self.targets, "max_in_flight": str(self.admission.max_in_flight),
-                                                         **hops, **wait})
+                                                         **hops, **wait, "transport": transport})
 
     async def close(self) -> None:
         if self._clients is not None:

@@ -5,7 +5,7 @@ Concurrent Rank calls share one DLRM forward over all their candidates (the stag
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -74,3 +74,6 @@ class RankingStage(CoreStage[RankingCoreLike]):
     async def RankBatch(self, request: ranking_pb2.RankBatchRequest,
                         context: aio.ServicerContext) -> ranking_pb2.RankBatchResponse:
         return ranking_pb2.RankBatchResponse(entries=await self.handle_batch(RANK, request, context, ranking_pb2.RankEntry))
+
+    async def RankStream(self, requests: AsyncIterator[ranking_pb2.RankBatchRequest], context: aio.ServicerContext) -> None:
+        await self.handle_stream(RANK, requests, context, ranking_pb2.RankEntry, ranking_pb2.RankBatchResponse)

@@ -6,7 +6,7 @@ request's ``recent_items`` is ignored: the two-tower model does not use the user
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
 from grpc import aio
@@ -79,3 +79,8 @@ class RetrievalStage(CoreStage[RetrievalCoreLike]):
     ) -> retrieval_pb2.RetrieveBatchResponse:
         entries = await self.handle_batch(RETRIEVE, request, context, retrieval_pb2.RetrieveEntry)
         return retrieval_pb2.RetrieveBatchResponse(entries=entries)
+
+    async def RetrieveStream(self, requests: AsyncIterator[retrieval_pb2.RetrieveBatchRequest],
+                             context: aio.ServicerContext) -> None:
+        await self.handle_stream(RETRIEVE, requests, context, retrieval_pb2.RetrieveEntry,
+                                 retrieval_pb2.RetrieveBatchResponse)

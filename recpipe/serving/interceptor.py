@@ -15,7 +15,8 @@ handler ends as a cancelled one.
 Every method, streaming ones included (health Watch, reflection), is registered with a tolerant
 request deserializer (``recpipe.serving.malformed``): bytes that are not the method's message are
 answered INVALID_ARGUMENT "malformed request", counted under that code, and logged as counts the same
-way. Streaming handlers are otherwise passed through untouched.
+way. Streaming handlers are otherwise passed through untouched, but for counting each message received as
+one request (the gateway's hops send one batch call per message of a stream).
 """
 
 from __future__ import annotations
@@ -141,13 +142,16 @@ class ServingInterceptor(aio.ServerInterceptor):
         return unary
 
     def _refuse_malformed_stream(self, name: str, behavior: Behavior) -> Behavior:
-        """A streaming-request handler whose request iterator aborts at the first ``Malformed`` message."""
+        """A streaming-request handler whose request iterator aborts at the first ``Malformed`` message and
+        counts each message as one request (a hop's stream carries one batch call per message)."""
         answer = self._answer_malformed
+        requests_received = self._metrics.method(name).requests
 
         async def checked(requests: AsyncIterator[Any], context: aio.ServicerContext) -> AsyncIterator[Any]:
             async for request in requests:
                 if isinstance(request, malformed.Malformed):
                     await answer(name, request, context)
+                requests_received.inc()
                 yield request
 
         if inspect.isasyncgenfunction(behavior):

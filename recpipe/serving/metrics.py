@@ -14,7 +14,11 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from recpipe.serving.outcomes import LOG_EVERY_S, OutcomeLog
+from recpipe.serving.outcomes import LOG_EVERY_S, Outcome, OutcomeLog
+
+#: the expected outcomes an entry's code stands for (a malformed entry is the caller's INVALID_ARGUMENT,
+#: counted, but its message names the field: not a malformed message)
+_ENTRY_OUTCOMES = {o.code: o for o in (Outcome.REFUSED, Outcome.DEADLINE, Outcome.CANCELLED)}
 
 #: Seconds; spans a fast feature gather (100 µs) to a stalled call.
 LATENCY_BUCKETS: tuple[float, ...] = (
@@ -71,6 +75,14 @@ class ServerMetrics:
 
     def error(self, method: str, code: str) -> None:
         self._errors.labels(self.stage, method, code).inc()
+
+    def entry_failed(self, method: str, code: str, details: str) -> None:
+        """A batch or stream entry answered with ``code`` (its call itself is OK): counted as an error
+        of ``method``, and logged as counts where it is an expected outcome, as a whole call would be."""
+        self.error(method, code)
+        outcome = _ENTRY_OUTCOMES.get(code)
+        if outcome is not None:
+            self.outcomes.record(outcome, method, details)
 
     def serve_http(self, host: str, port: int) -> int:
         """Expose ``/metrics`` over HTTP on ``host:port`` (0 picks a free port); returns the port."""

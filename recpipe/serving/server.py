@@ -87,6 +87,7 @@ def build_server(
         options = [("grpc.so_reuseport", 1) if key == "grpc.so_reuseport" else (key, value) for key, value in options]
     server = aio.server(interceptors=[ServingInterceptor(metrics)], options=options)
     stage.add_to_server(server)
+    stage.metrics = metrics  # a batch or stream entry's error is counted under its method's (``CoreStage``)
     info_pb2_grpc.add_InfoServiceServicer_to_server(info.InfoServicer(stage.info), server)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection(
@@ -191,6 +192,8 @@ class StageServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._readiness
         await self.health.enter_graceful_shutdown()
+        with contextlib.suppress(TimeoutError):  # a hop's streams end once answered, not after the grace
+            await asyncio.wait_for(self.stage.drain(), grace)
         await self.server.stop(grace)
         await self.stage.close()
         self.metrics.close()

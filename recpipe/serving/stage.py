@@ -10,21 +10,23 @@ import abc
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from recpipe.errors import DeadlineExceeded, RecpipeError, StageUnavailable
+from recpipe.errors import DeadlineExceeded, RecpipeError, StageUnavailable, clip
 from recpipe.serving import codec, nvtx
 from recpipe.serving import threads as thread_settings
 from recpipe.serving.batcher import BatchConfig, Batched, Batcher
 from recpipe.serving.inline import CallCost, start_thread
+from recpipe.serving.status import code_for
 
 if TYPE_CHECKING:
     from grpc import aio
 
     from recpipe.serving.config import StageConfig
+    from recpipe.serving.metrics import ServerMetrics
 
 _log = logging.getLogger(__name__)
 
@@ -55,6 +57,8 @@ class Stage(abc.ABC):
     name: str
     #: Fully qualified names of the services it adds (health and reflection list them).
     service_names: tuple[str, ...]
+    #: its server's metrics (``build_server`` sets them), where a batch entry's error is counted
+    metrics: ServerMetrics | None = None
 
     @abc.abstractmethod
     def add_to_server(self, server: aio.Server) -> None: ...
@@ -67,6 +71,11 @@ class Stage(abc.ABC):
 
     async def close(self) -> None:
         """Release what ``load`` acquired (channels, executors) after the server stopped."""
+        return None
+
+    async def drain(self) -> None:
+        """Before the server stops: end what would keep it open past its grace (a hop's stream, which
+        lives as long as its caller wants) once what it carries is answered."""
         return None
 
     def readiness(self) -> ReadinessWatch | None:
@@ -133,6 +142,9 @@ overlap; a batcher makes one call at a time.
         self._batchers: dict[str, Batcher[Any, Any]] = {}
         #: The seconds per row of each unbatched method (batched ones: their batcher's ``cost``).
         self._costs: dict[str, CallCost] = {}
+        #: the streams open (``handle_stream``), and what tells them the server is stopping (``drain``)
+        self._streams = 0
+        self._draining: asyncio.Event | None = None
 
     @classmethod
     def over(cls, loader: Callable[[], C], cfg: StageConfig) -> CoreStage[C]:
@@ -181,7 +193,69 @@ overlap; a batcher makes one call at a time.
         them together; -> one ``entry(ok=response)`` or ``entry(error=EntryError)`` per entry, in order.
         A bad entry fails itself only."""
         start = time.perf_counter_ns()
-        deadline = check_deadline(context, self.name)
+        return await self._batch(method, request, check_deadline(context, self.name), entry, start, "Batch")
+
+    async def handle_stream(self, method: Method[C, Q, R], requests: AsyncIterator[Any], context: aio.ServicerContext,
+                            entry: Callable[..., Any], response: Callable[..., Any]) -> None:
+        """A stream call: each message of ``requests`` a batch call (``handle_batch``, its entries'
+        deadlines their own ``timeout_us``: the stream has none), answered as soon as it is done by a
+        ``response(entries=..., sequence=...)`` message with the request's ``sequence``; the messages
+        are handled side by side, as separate batch calls would be. An error of a whole message (the
+        stage still loading) is each of its entries' error. Ends when the caller ends its side and
+        every answer is written; a caller that goes away cancels what is left."""
+        write = asyncio.Lock()
+        handling: set[asyncio.Task[None]] = set()
+
+        async def answer(request: Any) -> None:
+            start = time.perf_counter_ns()
+            try:
+                entries = await self._batch(method, request, None, entry, start, "Stream")
+            except Exception as e:  # the stage still loading (or a fault): every entry's error
+                failed = self._entry_error(method, e)
+                self._count_errors(method, "Stream", [failed] * len(request.entries))
+                entries = [entry(error=codec.entry_error(failed))] * len(request.entries)
+            reply = response(entries=entries, sequence=request.sequence)
+            async with write:
+                await context.write(reply)
+
+        async def read() -> None:
+            async for request in requests:
+                task = asyncio.create_task(answer(request))
+                handling.add(task)
+                task.add_done_callback(handling.discard)
+
+        if self._draining is None:
+            self._draining = asyncio.Event()
+        reading = asyncio.create_task(read())
+        draining = asyncio.create_task(self._draining.wait())
+        self._streams += 1
+        try:
+            # until the caller ends its side, or the server stops (``drain``): then what was read is
+            # answered and the stream ends with OK, so the caller opens a new one
+            await asyncio.wait((reading, draining), return_when=asyncio.FIRST_COMPLETED)
+            if reading.done():
+                reading.result()  # the caller's side failed: so does the stream
+            while handling:
+                await asyncio.gather(*handling)
+        finally:
+            self._streams -= 1
+            for task in (reading, draining, *handling):
+                task.cancel()
+
+    async def drain(self) -> None:
+        """End every open stream once the messages it has read are answered (its caller opens a new
+        one, which a stopping server refuses): a stream never ends on its own, so the server's stop
+        would otherwise wait out its whole grace for it."""
+        if self._draining is None:
+            return
+        self._draining.set()
+        while self._streams:
+            await asyncio.sleep(0.001)
+
+    async def _batch(self, method: Method[C, Q, R], request: Any, deadline: float | None,
+                     entry: Callable[..., Any], start: int, rpc: str) -> list[Any]:
+        """``handle_batch``'s work, with the call's ``deadline`` (None: none) given; its entries' errors
+        are counted under ``<method><rpc>``."""
         core = self._ready()
         now = time.monotonic()
         timeouts = list(request.timeout_us)
@@ -207,8 +281,18 @@ overlap; a batcher makes one call at a time.
                     answers[i] = result if isinstance(result, Exception) else self._encoded(method, core, result, start)
                 except Exception as e:  # an answer the contract refuses (non-finite scores, ...): its entry only
                     answers[i] = e
-        return [entry(error=codec.entry_error(self._entry_error(method, a))) if isinstance(a, BaseException)
-                else entry(ok=a) for a in answers]
+        failed = [self._entry_error(method, a) if isinstance(a, BaseException) else None for a in answers]
+        self._count_errors(method, rpc, [e for e in failed if e is not None])
+        return [entry(ok=a) if e is None else entry(error=codec.entry_error(e)) for a, e in zip(answers, failed, strict=True)]
+
+    def _count_errors(self, method: Method[C, Any, Any], rpc: str, errors: Sequence[BaseException]) -> None:
+        """Count the failed entries of a batch or stream message in the server's metrics, under the
+        status each is answered with, as the interceptor counts a whole call's (``ServerMetrics.entry_failed``)."""
+        if self.metrics is None or not errors:
+            return
+        name = f"{self.service_names[0].removeprefix('recpipe.v1.')}/{method.name}{rpc}"
+        for error in errors:
+            self.metrics.entry_failed(name, code_for(error).name, clip(str(error), codec.MAX_ENTRY_DETAILS))
 
     def _entry_error(self, method: Method[C, Any, Any], error: BaseException) -> BaseException:
         """``error`` as an entry reports it: a domain error as it is; anything else is logged with its

@@ -26,7 +26,7 @@ from recpipe.v1 import batch_pb2 as recpipe_dot_v1_dot_batch__pb2
 from recpipe.v1 import tensor_pb2 as recpipe_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19recpipe/v1/features.proto\x12\nrecpipe.v1\x1a\x16recpipe/v1/batch.proto\x1a\x17recpipe/v1/tensor.proto\"%\n\x12\x41ugmentUserRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\x03\"\xe4\x01\n\x13\x41ugmentUserResponse\x12\x0f\n\x07user_id\x18\x01 \x01(\x03\x12!\n\x05\x64\x65nse\x18\x02 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12\"\n\x06sparse\x18\x03 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12(\n\x0crecent_items\x18\x04 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12\x11\n\tserver_us\x18\x05 \x01(\x03\x12\x10\n\x08queue_us\x18\x06 \x01(\x03\x12\x12\n\ncompute_us\x18\x07 \x01(\x03\x12\x12\n\nbatch_size\x18\x08 \x01(\x05\"L\n\x13\x41ugmentItemsRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\x03\x12$\n\x08item_ids\x18\x02 \x01(\x0b\x32\x12.recpipe.v1.Tensor\"\xaa\x01\n\x14\x41ugmentItemsResponse\x12!\n\x05\x64\x65nse\x18\x01 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12\"\n\x06sparse\x18\x02 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12\x11\n\tserver_us\x18\x03 \x01(\x03\x12\x10\n\x08queue_us\x18\x04 \x01(\x03\x12\x12\n\ncompute_us\x18\x05 \x01(\x03\x12\x12\n\nbatch_size\x18\x06 \x01(\x05\"^\n\x17\x41ugmentUserBatchRequest\x12/\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1e.recpipe.v1.AugmentUserRequest\x12\x12\n\ntimeout_us\x18\x02 \x03(\x03\"t\n\x10\x41ugmentUserEntry\x12-\n\x02ok\x18\x01 \x01(\x0b\x32\x1f.recpipe.v1.AugmentUserResponseH\x00\x12\'\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x16.recpipe.v1.EntryErrorH\x00\x42\x08\n\x06result\"I\n\x18\x41ugmentUserBatchResponse\x12-\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1c.recpipe.v1.AugmentUserEntry\"`\n\x18\x41ugmentItemsBatchRequest\x12\x30\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1f.recpipe.v1.AugmentItemsRequest\x12\x12\n\ntimeout_us\x18\x02 \x03(\x03\"v\n\x11\x41ugmentItemsEntry\x12.\n\x02ok\x18\x01 \x01(\x0b\x32 .recpipe.v1.AugmentItemsResponseH\x00\x12\'\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x16.recpipe.v1.EntryErrorH\x00\x42\x08\n\x06result\"K\n\x19\x41ugmentItemsBatchResponse\x12.\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1d.recpipe.v1.AugmentItemsEntry2\xf4\x02\n\x0e\x46\x65\x61tureService\x12N\n\x0b\x41ugmentUser\x12\x1e.recpipe.v1.AugmentUserRequest\x1a\x1f.recpipe.v1.AugmentUserResponse\x12Q\n\x0c\x41ugmentItems\x12\x1f.recpipe.v1.AugmentItemsRequest\x1a .recpipe.v1.AugmentItemsResponse\x12]\n\x10\x41ugmentUserBatch\x12#.recpipe.v1.AugmentUserBatchRequest\x1a$.recpipe.v1.AugmentUserBatchResponse\x12`\n\x11\x41ugmentItemsBatch\x12$.recpipe.v1.AugmentItemsBatchRequest\x1a%.recpipe.v1.AugmentItemsBatchResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19recpipe/v1/features.proto\x12\nrecpipe.v1\x1a\x16recpipe/v1/batch.proto\x1a\x17recpipe/v1/tensor.proto\"%\n\x12\x41ugmentUserRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\x03\"\xe4\x01\n\x13\x41ugmentUserResponse\x12\x0f\n\x07user_id\x18\x01 \x01(\x03\x12!\n\x05\x64\x65nse\x18\x02 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12\"\n\x06sparse\x18\x03 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12(\n\x0crecent_items\x18\x04 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12\x11\n\tserver_us\x18\x05 \x01(\x03\x12\x10\n\x08queue_us\x18\x06 \x01(\x03\x12\x12\n\ncompute_us\x18\x07 \x01(\x03\x12\x12\n\nbatch_size\x18\x08 \x01(\x05\"L\n\x13\x41ugmentItemsRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\x03\x12$\n\x08item_ids\x18\x02 \x01(\x0b\x32\x12.recpipe.v1.Tensor\"\xaa\x01\n\x14\x41ugmentItemsResponse\x12!\n\x05\x64\x65nse\x18\x01 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12\"\n\x06sparse\x18\x02 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12\x11\n\tserver_us\x18\x03 \x01(\x03\x12\x10\n\x08queue_us\x18\x04 \x01(\x03\x12\x12\n\ncompute_us\x18\x05 \x01(\x03\x12\x12\n\nbatch_size\x18\x06 \x01(\x05\"p\n\x17\x41ugmentUserBatchRequest\x12/\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1e.recpipe.v1.AugmentUserRequest\x12\x12\n\ntimeout_us\x18\x02 \x03(\x03\x12\x10\n\x08sequence\x18\x03 \x01(\x04\"t\n\x10\x41ugmentUserEntry\x12-\n\x02ok\x18\x01 \x01(\x0b\x32\x1f.recpipe.v1.AugmentUserResponseH\x00\x12\'\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x16.recpipe.v1.EntryErrorH\x00\x42\x08\n\x06result\"[\n\x18\x41ugmentUserBatchResponse\x12-\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1c.recpipe.v1.AugmentUserEntry\x12\x10\n\x08sequence\x18\x02 \x01(\x04\"r\n\x18\x41ugmentItemsBatchRequest\x12\x30\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1f.recpipe.v1.AugmentItemsRequest\x12\x12\n\ntimeout_us\x18\x02 \x03(\x03\x12\x10\n\x08sequence\x18\x03 \x01(\x04\"v\n\x11\x41ugmentItemsEntry\x12.\n\x02ok\x18\x01 \x01(\x0b\x32 .recpipe.v1.AugmentItemsResponseH\x00\x12\'\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x16.recpipe.v1.EntryErrorH\x00\x42\x08\n\x06result\"]\n\x19\x41ugmentItemsBatchResponse\x12.\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1d.recpipe.v1.AugmentItemsEntry\x12\x10\n\x08sequence\x18\x02 \x01(\x04\x32\xbf\x04\n\x0e\x46\x65\x61tureService\x12N\n\x0b\x41ugmentUser\x12\x1e.recpipe.v1.AugmentUserRequest\x1a\x1f.recpipe.v1.AugmentUserResponse\x12Q\n\x0c\x41ugmentItems\x12\x1f.recpipe.v1.AugmentItemsRequest\x1a .recpipe.v1.AugmentItemsResponse\x12]\n\x10\x41ugmentUserBatch\x12#.recpipe.v1.AugmentUserBatchRequest\x1a$.recpipe.v1.AugmentUserBatchResponse\x12`\n\x11\x41ugmentItemsBatch\x12$.recpipe.v1.AugmentItemsBatchRequest\x1a%.recpipe.v1.AugmentItemsBatchResponse\x12\x62\n\x11\x41ugmentUserStream\x12#.recpipe.v1.AugmentUserBatchRequest\x1a$.recpipe.v1.AugmentUserBatchResponse(\x01\x30\x01\x12\x65\n\x12\x41ugmentItemsStream\x12$.recpipe.v1.AugmentItemsBatchRequest\x1a%.recpipe.v1.AugmentItemsBatchResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,17 +42,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_AUGMENTITEMSRESPONSE']._serialized_start=439
   _globals['_AUGMENTITEMSRESPONSE']._serialized_end=609
   _globals['_AUGMENTUSERBATCHREQUEST']._serialized_start=611
-  _globals['_AUGMENTUSERBATCHREQUEST']._serialized_end=705
-  _globals['_AUGMENTUSERENTRY']._serialized_start=707
-  _globals['_AUGMENTUSERENTRY']._serialized_end=823
-  _globals['_AUGMENTUSERBATCHRESPONSE']._serialized_start=825
-  _globals['_AUGMENTUSERBATCHRESPONSE']._serialized_end=898
-  _globals['_AUGMENTITEMSBATCHREQUEST']._serialized_start=900
-  _globals['_AUGMENTITEMSBATCHREQUEST']._serialized_end=996
-  _globals['_AUGMENTITEMSENTRY']._serialized_start=998
-  _globals['_AUGMENTITEMSENTRY']._serialized_end=1116
-  _globals['_AUGMENTITEMSBATCHRESPONSE']._serialized_start=1118
-  _globals['_AUGMENTITEMSBATCHRESPONSE']._serialized_end=1193
-  _globals['_FEATURESERVICE']._serialized_start=1196
-  _globals['_FEATURESERVICE']._serialized_end=1568
+  _globals['_AUGMENTUSERBATCHREQUEST']._serialized_end=723
+  _globals['_AUGMENTUSERENTRY']._serialized_start=725
+  _globals['_AUGMENTUSERENTRY']._serialized_end=841
+  _globals['_AUGMENTUSERBATCHRESPONSE']._serialized_start=843
+  _globals['_AUGMENTUSERBATCHRESPONSE']._serialized_end=934
+  _globals['_AUGMENTITEMSBATCHREQUEST']._serialized_start=936
+  _globals['_AUGMENTITEMSBATCHREQUEST']._serialized_end=1050
+  _globals['_AUGMENTITEMSENTRY']._serialized_start=1052
+  _globals['_AUGMENTITEMSENTRY']._serialized_end=1170
+  _globals['_AUGMENTITEMSBATCHRESPONSE']._serialized_start=1172
+  _globals['_AUGMENTITEMSBATCHRESPONSE']._serialized_end=1265
+  _globals['_FEATURESERVICE']._serialized_start=1268
+  _globals['_FEATURESERVICE']._serialized_end=1843
 # @@protoc_insertion_point(module_scope)

@@ -59,12 +59,14 @@ class AugmentItemsResponse(_message.Message):
     def __init__(self, dense: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., sparse: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., server_us: _Optional[int] = ..., queue_us: _Optional[int] = ..., compute_us: _Optional[int] = ..., batch_size: _Optional[int] = ...) -> None: ...
 
 class AugmentUserBatchRequest(_message.Message):
-    __slots__ = ("entries", "timeout_us")
+    __slots__ = ("entries", "timeout_us", "sequence")
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_US_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     entries: _containers.RepeatedCompositeFieldContainer[AugmentUserRequest]
     timeout_us: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, entries: _Optional[_Iterable[_Union[AugmentUserRequest, _Mapping]]] = ..., timeout_us: _Optional[_Iterable[int]] = ...) -> None: ...
+    sequence: int
+    def __init__(self, entries: _Optional[_Iterable[_Union[AugmentUserRequest, _Mapping]]] = ..., timeout_us: _Optional[_Iterable[int]] = ..., sequence: _Optional[int] = ...) -> None: ...
 
 class AugmentUserEntry(_message.Message):
     __slots__ = ("ok", "error")
@@ -75,18 +77,22 @@ class AugmentUserEntry(_message.Message):
     def __init__(self, ok: _Optional[_Union[AugmentUserResponse, _Mapping]] = ..., error: _Optional[_Union[_batch_pb2.EntryError, _Mapping]] = ...) -> None: ...
 
 class AugmentUserBatchResponse(_message.Message):
-    __slots__ = ("entries",)
+    __slots__ = ("entries", "sequence")
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     entries: _containers.RepeatedCompositeFieldContainer[AugmentUserEntry]
-    def __init__(self, entries: _Optional[_Iterable[_Union[AugmentUserEntry, _Mapping]]] = ...) -> None: ...
+    sequence: int
+    def __init__(self, entries: _Optional[_Iterable[_Union[AugmentUserEntry, _Mapping]]] = ..., sequence: _Optional[int] = ...) -> None: ...
 
 class AugmentItemsBatchRequest(_message.Message):
-    __slots__ = ("entries", "timeout_us")
+    __slots__ = ("entries", "timeout_us", "sequence")
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_US_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     entries: _containers.RepeatedCompositeFieldContainer[AugmentItemsRequest]
     timeout_us: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, entries: _Optional[_Iterable[_Union[AugmentItemsRequest, _Mapping]]] = ..., timeout_us: _Optional[_Iterable[int]] = ...) -> None: ...
+    sequence: int
+    def __init__(self, entries: _Optional[_Iterable[_Union[AugmentItemsRequest, _Mapping]]] = ..., timeout_us: _Optional[_Iterable[int]] = ..., sequence: _Optional[int] = ...) -> None: ...
 
 class AugmentItemsEntry(_message.Message):
     __slots__ = ("ok", "error")
@@ -97,7 +103,9 @@ class AugmentItemsEntry(_message.Message):
     def __init__(self, ok: _Optional[_Union[AugmentItemsResponse, _Mapping]] = ..., error: _Optional[_Union[_batch_pb2.EntryError, _Mapping]] = ...) -> None: ...
 
 class AugmentItemsBatchResponse(_message.Message):
-    __slots__ = ("entries",)
+    __slots__ = ("entries", "sequence")
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     entries: _containers.RepeatedCompositeFieldContainer[AugmentItemsEntry]
-    def __init__(self, entries: _Optional[_Iterable[_Union[AugmentItemsEntry, _Mapping]]] = ...) -> None: ...
+    sequence: int
+    def __init__(self, entries: _Optional[_Iterable[_Union[AugmentItemsEntry, _Mapping]]] = ..., sequence: _Optional[int] = ...) -> None: ...

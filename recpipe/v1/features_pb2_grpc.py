@@ -55,6 +55,16 @@ class FeatureServiceStub:
                 request_serializer=recpipe_dot_v1_dot_features__pb2.AugmentItemsBatchRequest.SerializeToString,
                 response_deserializer=recpipe_dot_v1_dot_features__pb2.AugmentItemsBatchResponse.FromString,
                 _registered_method=True)
+        self.AugmentUserStream = channel.stream_stream(
+                '/recpipe.v1.FeatureService/AugmentUserStream',
+                request_serializer=recpipe_dot_v1_dot_features__pb2.AugmentUserBatchRequest.SerializeToString,
+                response_deserializer=recpipe_dot_v1_dot_features__pb2.AugmentUserBatchResponse.FromString,
+                _registered_method=True)
+        self.AugmentItemsStream = channel.stream_stream(
+                '/recpipe.v1.FeatureService/AugmentItemsStream',
+                request_serializer=recpipe_dot_v1_dot_features__pb2.AugmentItemsBatchRequest.SerializeToString,
+                response_deserializer=recpipe_dot_v1_dot_features__pb2.AugmentItemsBatchResponse.FromString,
+                _registered_method=True)
 
 
 class FeatureServiceServicer:
@@ -85,6 +95,18 @@ class FeatureServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AugmentUserStream(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AugmentItemsStream(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FeatureServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -105,6 +127,16 @@ def add_FeatureServiceServicer_to_server(servicer, server):
             ),
             'AugmentItemsBatch': grpc.unary_unary_rpc_method_handler(
                     servicer.AugmentItemsBatch,
+                    request_deserializer=recpipe_dot_v1_dot_features__pb2.AugmentItemsBatchRequest.FromString,
+                    response_serializer=recpipe_dot_v1_dot_features__pb2.AugmentItemsBatchResponse.SerializeToString,
+            ),
+            'AugmentUserStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.AugmentUserStream,
+                    request_deserializer=recpipe_dot_v1_dot_features__pb2.AugmentUserBatchRequest.FromString,
+                    response_serializer=recpipe_dot_v1_dot_features__pb2.AugmentUserBatchResponse.SerializeToString,
+            ),
+            'AugmentItemsStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.AugmentItemsStream,
                     request_deserializer=recpipe_dot_v1_dot_features__pb2.AugmentItemsBatchRequest.FromString,
                     response_serializer=recpipe_dot_v1_dot_features__pb2.AugmentItemsBatchResponse.SerializeToString,
             ),
@@ -216,6 +248,60 @@ class FeatureService:
             request,
             target,
             '/recpipe.v1.FeatureService/AugmentItemsBatch',
+            recpipe_dot_v1_dot_features__pb2.AugmentItemsBatchRequest.SerializeToString,
+            recpipe_dot_v1_dot_features__pb2.AugmentItemsBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AugmentUserStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/recpipe.v1.FeatureService/AugmentUserStream',
+            recpipe_dot_v1_dot_features__pb2.AugmentUserBatchRequest.SerializeToString,
+            recpipe_dot_v1_dot_features__pb2.AugmentUserBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AugmentItemsStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/recpipe.v1.FeatureService/AugmentItemsStream',
             recpipe_dot_v1_dot_features__pb2.AugmentItemsBatchRequest.SerializeToString,
             recpipe_dot_v1_dot_features__pb2.AugmentItemsBatchResponse.FromString,
             options,

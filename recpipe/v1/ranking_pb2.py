@@ -26,7 +26,7 @@ from recpipe.v1 import batch_pb2 as recpipe_dot_v1_dot_batch__pb2
 from recpipe.v1 import tensor_pb2 as recpipe_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18recpipe/v1/ranking.proto\x12\nrecpipe.v1\x1a\x16recpipe/v1/batch.proto\x1a\x17recpipe/v1/tensor.proto\"\xaf\x01\n\x0bRankRequest\x12&\n\nuser_dense\x18\x01 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12\'\n\x0buser_sparse\x18\x02 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12&\n\nitem_dense\x18\x03 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12\'\n\x0bitem_sparse\x18\x04 \x01(\x0b\x32\x12.recpipe.v1.Tensor\"\x96\x01\n\x0cRankResponse\x12\"\n\x06scores\x18\x01 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12\x11\n\tserver_us\x18\x02 \x01(\x03\x12\x15\n\rmodel_version\x18\x03 \x01(\t\x12\x10\n\x08queue_us\x18\x04 \x01(\x03\x12\x12\n\ncompute_us\x18\x05 \x01(\x03\x12\x12\n\nbatch_size\x18\x06 \x01(\x05\"P\n\x10RankBatchRequest\x12(\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x17.recpipe.v1.RankRequest\x12\x12\n\ntimeout_us\x18\x02 \x03(\x03\"f\n\tRankEntry\x12&\n\x02ok\x18\x01 \x01(\x0b\x32\x18.recpipe.v1.RankResponseH\x00\x12\'\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x16.recpipe.v1.EntryErrorH\x00\x42\x08\n\x06result\";\n\x11RankBatchResponse\x12&\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x15.recpipe.v1.RankEntry2\x95\x01\n\x0eRankingService\x12\x39\n\x04Rank\x12\x17.recpipe.v1.RankRequest\x1a\x18.recpipe.v1.RankResponse\x12H\n\tRankBatch\x12\x1c.recpipe.v1.RankBatchRequest\x1a\x1d.recpipe.v1.RankBatchResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18recpipe/v1/ranking.proto\x12\nrecpipe.v1\x1a\x16recpipe/v1/batch.proto\x1a\x17recpipe/v1/tensor.proto\"\xaf\x01\n\x0bRankRequest\x12&\n\nuser_dense\x18\x01 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12\'\n\x0buser_sparse\x18\x02 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12&\n\nitem_dense\x18\x03 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12\'\n\x0bitem_sparse\x18\x04 \x01(\x0b\x32\x12.recpipe.v1.Tensor\"\x96\x01\n\x0cRankResponse\x12\"\n\x06scores\x18\x01 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12\x11\n\tserver_us\x18\x02 \x01(\x03\x12\x15\n\rmodel_version\x18\x03 \x01(\t\x12\x10\n\x08queue_us\x18\x04 \x01(\x03\x12\x12\n\ncompute_us\x18\x05 \x01(\x03\x12\x12\n\nbatch_size\x18\x06 \x01(\x05\"b\n\x10RankBatchRequest\x12(\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x17.recpipe.v1.RankRequest\x12\x12\n\ntimeout_us\x18\x02 \x03(\x03\x12\x10\n\x08sequence\x18\x03 \x01(\x04\"f\n\tRankEntry\x12&\n\x02ok\x18\x01 \x01(\x0b\x32\x18.recpipe.v1.RankResponseH\x00\x12\'\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x16.recpipe.v1.EntryErrorH\x00\x42\x08\n\x06result\"M\n\x11RankBatchResponse\x12&\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x15.recpipe.v1.RankEntry\x12\x10\n\x08sequence\x18\x02 \x01(\x04\x32\xe4\x01\n\x0eRankingService\x12\x39\n\x04Rank\x12\x17.recpipe.v1.RankRequest\x1a\x18.recpipe.v1.RankResponse\x12H\n\tRankBatch\x12\x1c.recpipe.v1.RankBatchRequest\x1a\x1d.recpipe.v1.RankBatchResponse\x12M\n\nRankStream\x12\x1c.recpipe.v1.RankBatchRequest\x1a\x1d.recpipe.v1.RankBatchResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,11 +38,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RANKRESPONSE']._serialized_start=268
   _globals['_RANKRESPONSE']._serialized_end=418
   _globals['_RANKBATCHREQUEST']._serialized_start=420
-  _globals['_RANKBATCHREQUEST']._serialized_end=500
-  _globals['_RANKENTRY']._serialized_start=502
-  _globals['_RANKENTRY']._serialized_end=604
-  _globals['_RANKBATCHRESPONSE']._serialized_start=606
-  _globals['_RANKBATCHRESPONSE']._serialized_end=665
-  _globals['_RANKINGSERVICE']._serialized_start=668
-  _globals['_RANKINGSERVICE']._serialized_end=817
+  _globals['_RANKBATCHREQUEST']._serialized_end=518
+  _globals['_RANKENTRY']._serialized_start=520
+  _globals['_RANKENTRY']._serialized_end=622
+  _globals['_RANKBATCHRESPONSE']._serialized_start=624
+  _globals['_RANKBATCHRESPONSE']._serialized_end=701
+  _globals['_RANKINGSERVICE']._serialized_start=704
+  _globals['_RANKINGSERVICE']._serialized_end=932
 # @@protoc_insertion_point(module_scope)

@@ -37,12 +37,14 @@ class RankResponse(_message.Message):
     def __init__(self, scores: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., server_us: _Optional[int] = ..., model_version: _Optional[str] = ..., queue_us: _Optional[int] = ..., compute_us: _Optional[int] = ..., batch_size: _Optional[int] = ...) -> None: ...
 
 class RankBatchRequest(_message.Message):
-    __slots__ = ("entries", "timeout_us")
+    __slots__ = ("entries", "timeout_us", "sequence")
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_US_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     entries: _containers.RepeatedCompositeFieldContainer[RankRequest]
     timeout_us: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, entries: _Optional[_Iterable[_Union[RankRequest, _Mapping]]] = ..., timeout_us: _Optional[_Iterable[int]] = ...) -> None: ...
+    sequence: int
+    def __init__(self, entries: _Optional[_Iterable[_Union[RankRequest, _Mapping]]] = ..., timeout_us: _Optional[_Iterable[int]] = ..., sequence: _Optional[int] = ...) -> None: ...
 
 class RankEntry(_message.Message):
     __slots__ = ("ok", "error")
@@ -53,7 +55,9 @@ class RankEntry(_message.Message):
     def __init__(self, ok: _Optional[_Union[RankResponse, _Mapping]] = ..., error: _Optional[_Union[_batch_pb2.EntryError, _Mapping]] = ...) -> None: ...
 
 class RankBatchResponse(_message.Message):
-    __slots__ = ("entries",)
+    __slots__ = ("entries", "sequence")
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     entries: _containers.RepeatedCompositeFieldContainer[RankEntry]
-    def __init__(self, entries: _Optional[_Iterable[_Union[RankEntry, _Mapping]]] = ...) -> None: ...
+    sequence: int
+    def __init__(self, entries: _Optional[_Iterable[_Union[RankEntry, _Mapping]]] = ..., sequence: _Optional[int] = ...) -> None: ...

@@ -45,6 +45,11 @@ class RankingServiceStub:
                 request_serializer=recpipe_dot_v1_dot_ranking__pb2.RankBatchRequest.SerializeToString,
                 response_deserializer=recpipe_dot_v1_dot_ranking__pb2.RankBatchResponse.FromString,
                 _registered_method=True)
+        self.RankStream = channel.stream_stream(
+                '/recpipe.v1.RankingService/RankStream',
+                request_serializer=recpipe_dot_v1_dot_ranking__pb2.RankBatchRequest.SerializeToString,
+                response_deserializer=recpipe_dot_v1_dot_ranking__pb2.RankBatchResponse.FromString,
+                _registered_method=True)
 
 
 class RankingServiceServicer:
@@ -63,6 +68,12 @@ class RankingServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RankStream(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RankingServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -73,6 +84,11 @@ def add_RankingServiceServicer_to_server(servicer, server):
             ),
             'RankBatch': grpc.unary_unary_rpc_method_handler(
                     servicer.RankBatch,
+                    request_deserializer=recpipe_dot_v1_dot_ranking__pb2.RankBatchRequest.FromString,
+                    response_serializer=recpipe_dot_v1_dot_ranking__pb2.RankBatchResponse.SerializeToString,
+            ),
+            'RankStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.RankStream,
                     request_deserializer=recpipe_dot_v1_dot_ranking__pb2.RankBatchRequest.FromString,
                     response_serializer=recpipe_dot_v1_dot_ranking__pb2.RankBatchResponse.SerializeToString,
             ),
@@ -130,6 +146,33 @@ class RankingService:
             request,
             target,
             '/recpipe.v1.RankingService/RankBatch',
+            recpipe_dot_v1_dot_ranking__pb2.RankBatchRequest.SerializeToString,
+            recpipe_dot_v1_dot_ranking__pb2.RankBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RankStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/recpipe.v1.RankingService/RankStream',
             recpipe_dot_v1_dot_ranking__pb2.RankBatchRequest.SerializeToString,
             recpipe_dot_v1_dot_ranking__pb2.RankBatchResponse.FromString,
             options,

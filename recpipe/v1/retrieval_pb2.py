@@ -26,7 +26,7 @@ from recpipe.v1 import batch_pb2 as recpipe_dot_v1_dot_batch__pb2
 from recpipe.v1 import tensor_pb2 as recpipe_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1arecpipe/v1/retrieval.proto\x12\nrecpipe.v1\x1a\x16recpipe/v1/batch.proto\x1a\x17recpipe/v1/tensor.proto\"\xba\x01\n\x0fRetrieveRequest\x12&\n\nuser_dense\x18\x01 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12\'\n\x0buser_sparse\x18\x02 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12(\n\x0crecent_items\x18\x03 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12\t\n\x01k\x18\x04 \x01(\x05\x12\x0e\n\x06nprobe\x18\x05 \x01(\x05\x12\x11\n\tef_search\x18\x06 \x01(\x05\"\xc0\x01\n\x10RetrieveResponse\x12$\n\x08item_ids\x18\x01 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12\"\n\x06scores\x18\x02 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12\x11\n\tserver_us\x18\x03 \x01(\x03\x12\x15\n\rmodel_version\x18\x04 \x01(\t\x12\x10\n\x08queue_us\x18\x05 \x01(\x03\x12\x12\n\ncompute_us\x18\x06 \x01(\x03\x12\x12\n\nbatch_size\x18\x07 \x01(\x05\"X\n\x14RetrieveBatchRequest\x12,\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1b.recpipe.v1.RetrieveRequest\x12\x12\n\ntimeout_us\x18\x02 \x03(\x03\"n\n\rRetrieveEntry\x12*\n\x02ok\x18\x01 \x01(\x0b\x32\x1c.recpipe.v1.RetrieveResponseH\x00\x12\'\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x16.recpipe.v1.EntryErrorH\x00\x42\x08\n\x06result\"C\n\x15RetrieveBatchResponse\x12*\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x19.recpipe.v1.RetrieveEntry2\xaf\x01\n\x10RetrievalService\x12\x45\n\x08Retrieve\x12\x1b.recpipe.v1.RetrieveRequest\x1a\x1c.recpipe.v1.RetrieveResponse\x12T\n\rRetrieveBatch\x12 .recpipe.v1.RetrieveBatchRequest\x1a!.recpipe.v1.RetrieveBatchResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1arecpipe/v1/retrieval.proto\x12\nrecpipe.v1\x1a\x16recpipe/v1/batch.proto\x1a\x17recpipe/v1/tensor.proto\"\xba\x01\n\x0fRetrieveRequest\x12&\n\nuser_dense\x18\x01 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12\'\n\x0buser_sparse\x18\x02 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12(\n\x0crecent_items\x18\x03 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12\t\n\x01k\x18\x04 \x01(\x05\x12\x0e\n\x06nprobe\x18\x05 \x01(\x05\x12\x11\n\tef_search\x18\x06 \x01(\x05\"\xc0\x01\n\x10RetrieveResponse\x12$\n\x08item_ids\x18\x01 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12\"\n\x06scores\x18\x02 \x01(\x0b\x32\x12.recpipe.v1.Tensor\x12\x11\n\tserver_us\x18\x03 \x01(\x03\x12\x15\n\rmodel_version\x18\x04 \x01(\t\x12\x10\n\x08queue_us\x18\x05 \x01(\x03\x12\x12\n\ncompute_us\x18\x06 \x01(\x03\x12\x12\n\nbatch_size\x18\x07 \x01(\x05\"j\n\x14RetrieveBatchRequest\x12,\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1b.recpipe.v1.RetrieveRequest\x12\x12\n\ntimeout_us\x18\x02 \x03(\x03\x12\x10\n\x08sequence\x18\x03 \x01(\x04\"n\n\rRetrieveEntry\x12*\n\x02ok\x18\x01 \x01(\x0b\x32\x1c.recpipe.v1.RetrieveResponseH\x00\x12\'\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x16.recpipe.v1.EntryErrorH\x00\x42\x08\n\x06result\"U\n\x15RetrieveBatchResponse\x12*\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x19.recpipe.v1.RetrieveEntry\x12\x10\n\x08sequence\x18\x02 \x01(\x04\x32\x8a\x02\n\x10RetrievalService\x12\x45\n\x08Retrieve\x12\x1b.recpipe.v1.RetrieveRequest\x1a\x1c.recpipe.v1.RetrieveResponse\x12T\n\rRetrieveBatch\x12 .recpipe.v1.RetrieveBatchRequest\x1a!.recpipe.v1.RetrieveBatchResponse\x12Y\n\x0eRetrieveStream\x12 .recpipe.v1.RetrieveBatchRequest\x1a!.recpipe.v1.RetrieveBatchResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,11 +38,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RETRIEVERESPONSE']._serialized_start=281
   _globals['_RETRIEVERESPONSE']._serialized_end=473
   _globals['_RETRIEVEBATCHREQUEST']._serialized_start=475
-  _globals['_RETRIEVEBATCHREQUEST']._serialized_end=563
-  _globals['_RETRIEVEENTRY']._serialized_start=565
-  _globals['_RETRIEVEENTRY']._serialized_end=675
-  _globals['_RETRIEVEBATCHRESPONSE']._serialized_start=677
-  _globals['_RETRIEVEBATCHRESPONSE']._serialized_end=744
-  _globals['_RETRIEVALSERVICE']._serialized_start=747
-  _globals['_RETRIEVALSERVICE']._serialized_end=922
+  _globals['_RETRIEVEBATCHREQUEST']._serialized_end=581
+  _globals['_RETRIEVEENTRY']._serialized_start=583
+  _globals['_RETRIEVEENTRY']._serialized_end=693
+  _globals['_RETRIEVEBATCHRESPONSE']._serialized_start=695
+  _globals['_RETRIEVEBATCHRESPONSE']._serialized_end=780
+  _globals['_RETRIEVALSERVICE']._serialized_start=783
+  _globals['_RETRIEVALSERVICE']._serialized_end=1049
 # @@protoc_insertion_point(module_scope)

@@ -43,12 +43,14 @@ class RetrieveResponse(_message.Message):
     def __init__(self, item_ids: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., scores: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., server_us: _Optional[int] = ..., model_version: _Optional[str] = ..., queue_us: _Optional[int] = ..., compute_us: _Optional[int] = ..., batch_size: _Optional[int] = ...) -> None: ...
 
 class RetrieveBatchRequest(_message.Message):
-    __slots__ = ("entries", "timeout_us")
+    __slots__ = ("entries", "timeout_us", "sequence")
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_US_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     entries: _containers.RepeatedCompositeFieldContainer[RetrieveRequest]
     timeout_us: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, entries: _Optional[_Iterable[_Union[RetrieveRequest, _Mapping]]] = ..., timeout_us: _Optional[_Iterable[int]] = ...) -> None: ...
+    sequence: int
+    def __init__(self, entries: _Optional[_Iterable[_Union[RetrieveRequest, _Mapping]]] = ..., timeout_us: _Optional[_Iterable[int]] = ..., sequence: _Optional[int] = ...) -> None: ...
 
 class RetrieveEntry(_message.Message):
     __slots__ = ("ok", "error")
@@ -59,7 +61,9 @@ class RetrieveEntry(_message.Message):
     def __init__(self, ok: _Optional[_Union[RetrieveResponse, _Mapping]] = ..., error: _Optional[_Union[_batch_pb2.EntryError, _Mapping]] = ...) -> None: ...
 
 class RetrieveBatchResponse(_message.Message):
-    __slots__ = ("entries",)
+    __slots__ = ("entries", "sequence")
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     entries: _containers.RepeatedCompositeFieldContainer[RetrieveEntry]
-    def __init__(self, entries: _Optional[_Iterable[_Union[RetrieveEntry, _Mapping]]] = ...) -> None: ...
+    sequence: int
+    def __init__(self, entries: _Optional[_Iterable[_Union[RetrieveEntry, _Mapping]]] = ..., sequence: _Optional[int] = ...) -> None: ...

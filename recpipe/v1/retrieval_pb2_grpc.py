@@ -45,6 +45,11 @@ class RetrievalServiceStub:
                 request_serializer=recpipe_dot_v1_dot_retrieval__pb2.RetrieveBatchRequest.SerializeToString,
                 response_deserializer=recpipe_dot_v1_dot_retrieval__pb2.RetrieveBatchResponse.FromString,
                 _registered_method=True)
+        self.RetrieveStream = channel.stream_stream(
+                '/recpipe.v1.RetrievalService/RetrieveStream',
+                request_serializer=recpipe_dot_v1_dot_retrieval__pb2.RetrieveBatchRequest.SerializeToString,
+                response_deserializer=recpipe_dot_v1_dot_retrieval__pb2.RetrieveBatchResponse.FromString,
+                _registered_method=True)
 
 
 class RetrievalServiceServicer:
@@ -63,6 +68,12 @@ class RetrievalServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RetrieveStream(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RetrievalServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -73,6 +84,11 @@ def add_RetrievalServiceServicer_to_server(servicer, server):
             ),
             'RetrieveBatch': grpc.unary_unary_rpc_method_handler(
                     servicer.RetrieveBatch,
+                    request_deserializer=recpipe_dot_v1_dot_retrieval__pb2.RetrieveBatchRequest.FromString,
+                    response_serializer=recpipe_dot_v1_dot_retrieval__pb2.RetrieveBatchResponse.SerializeToString,
+            ),
+            'RetrieveStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.RetrieveStream,
                     request_deserializer=recpipe_dot_v1_dot_retrieval__pb2.RetrieveBatchRequest.FromString,
                     response_serializer=recpipe_dot_v1_dot_retrieval__pb2.RetrieveBatchResponse.SerializeToString,
             ),
@@ -130,6 +146,33 @@ class RetrievalService:
             request,
             target,
             '/recpipe.v1.RetrievalService/RetrieveBatch',
+            recpipe_dot_v1_dot_retrieval__pb2.RetrieveBatchRequest.SerializeToString,
+            recpipe_dot_v1_dot_retrieval__pb2.RetrieveBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RetrieveStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/recpipe.v1.RetrievalService/RetrieveStream',
             recpipe_dot_v1_dot_retrieval__pb2.RetrieveBatchRequest.SerializeToString,
             recpipe_dot_v1_dot_retrieval__pb2.RetrieveBatchResponse.FromString,
             options,

@@ -137,14 +137,8 @@ def _recommend_all(address: str, users: list[int], concurrency: int) -> list[obj
         return list(pool.map(one, users))
 
 
-def test_a_batched_gateway_answers_as_an_unbatched_one_and_batches_the_queries_in_flight(gateways,
-                                                                                          dataset_info) -> None:
-    batched, unbatched, _ = gateways
-    users = [*USERS, dataset_info["num_users"] + 5, *USERS]  # one unknown user among them
-    for g in (batched, unbatched):  # its readiness has seen every stage SERVING
-        wait_serving(g.address)
-    got = _recommend_all(batched.address, users, concurrency=len(users))
-    want = _recommend_all(unbatched.address, users, concurrency=4)
+def assert_same_answers(got: list[object], want: list[object]) -> None:
+    """Each Recommend answer (or unknown user) of ``got`` equals ``want``'s."""
     for g, w in zip(got, want, strict=True):
         if isinstance(w, UnknownUser):
             assert isinstance(g, UnknownUser)  # it failed alone: its batch-mates were answered
@@ -153,6 +147,17 @@ def test_a_batched_gateway_answers_as_an_unbatched_one_and_batches_the_queries_i
         np.testing.assert_array_equal(g.item_ids, w.item_ids)  # type: ignore[attr-defined]
         np.testing.assert_allclose(g.scores, w.scores, rtol=1e-5, atol=1e-6)  # type: ignore[attr-defined]
         assert [t.stage for t in g.timings] == [t.stage for t in w.timings]  # type: ignore[attr-defined]
+
+
+def test_a_batched_gateway_answers_as_an_unbatched_one_and_batches_the_queries_in_flight(gateways,
+                                                                                          dataset_info) -> None:
+    batched, unbatched, _ = gateways
+    users = [*USERS, dataset_info["num_users"] + 5, *USERS]  # one unknown user among them
+    for g in (batched, unbatched):  # its readiness has seen every stage SERVING
+        wait_serving(g.address)
+    got = _recommend_all(batched.address, users, concurrency=len(users))
+    want = _recommend_all(unbatched.address, users, concurrency=4)
+    assert_same_answers(got, want)
     hops = batched.stage.info().details
     calls = {k: v for k, v in hops.items() if k.startswith("hop_")}
     assert set(calls) == {"hop_AugmentUser", "hop_AugmentItems", "hop_Retrieve", "hop_Rank"}

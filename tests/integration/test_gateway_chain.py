@@ -22,15 +22,17 @@ from recpipe.v1 import recommend_pb2, recommend_pb2_grpc
 
 
 class RecordingFeatureStage(FeatureStage):
-    """The real feature servicer, recording the deadline each AugmentUser call arrived with."""
+    """The real feature servicer, recording the time left of each AugmentUser request it works on, however
+    it came (a unary call's deadline, a batch or stream entry's ``timeout_us``)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.remaining: list[float | None] = []
 
-    async def AugmentUser(self, request, context):
-        self.remaining.append(context.time_remaining())
-        return await super().AugmentUser(request, context)
+    def _decoded(self, method, core, request, deadline):
+        if method.name == "AugmentUser":
+            self.remaining.append(None if deadline is None else deadline - time.monotonic())
+        return super()._decoded(method, core, request, deadline)
 
 
 @pytest.fixture(scope="module")

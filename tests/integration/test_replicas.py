@@ -73,14 +73,13 @@ def serving(argv: list[str], processes: int, env: dict[str, str] | None = None) 
 
 
 def requests_total(metrics_url: str, method: str) -> float:
-    """The replica's own count of ``method`` calls, from its /metrics."""
+    """The replica's own count of ``method`` calls, from its /metrics: its unary calls, batch calls
+    (``<method>Batch``) and stream messages (``<method>Stream``, the gateway's hops)."""
     with urllib.request.urlopen(metrics_url, timeout=10) as r:
         text = r.read().decode()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "recpipe_requests_total" and sample.labels.get("method") == method:
-                return float(sample.value)
-    return 0.0
+    names = {method, f"{method}Batch", f"{method}Stream"}
+    return sum(float(sample.value) for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == "recpipe_requests_total" and sample.labels.get("method") in names)
 
 
 def until_each_takes_calls(gateway: str, metrics_urls: list[str], method: str, timeout: float = 30.0,

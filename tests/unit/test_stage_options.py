@@ -37,13 +37,13 @@ def test_options_validate_once_in_their_stage() -> None:
 def test_options_round_trip_through_the_command_line() -> None:
     chosen = {"retrieval": RetrievalOptions(cuda_graphs=False, precision="bf16", rescore=4),
               "ranking": RankingOptions(cuda_graphs=False, precision="int8", embeddings="host"),
-              "gateway": GatewayOptions(max_in_flight=7, hop_max_batch=8)}
+              "gateway": GatewayOptions(max_in_flight=7, hop_max_batch=8, hop_transport="rpc")}
     argv = merged_argv(chosen.values())
     assert argv.count("--no-cuda-graphs") == 1  # one flag for both torch stages
     assert argv == ["--no-cuda-graphs", "--retrieval-precision", "bf16", "--rescore", "4",
                     "--ranking-precision", "int8", "--embeddings", "host", "--max-in-flight", "7",
                     "--hop-max-batch", "8", "--hop-queue-delay-us", "0", "--hop-upstream-wait-us",
-                    "auto", "--hop-max-in-flight", "0"]
+                    "auto", "--hop-max-in-flight", "0", "--hop-transport", "rpc"]
     back = REGISTRY.options(parse(argv))
     for name, opts in chosen.items():
         assert back[name] == opts
@@ -65,6 +65,9 @@ def test_the_upstream_wait_is_on_only_where_the_chain_outnumbers_the_cores() -> 
     for bad in ("-1", "2ms", ""):
         with pytest.raises(UsageError, match="--hop-upstream-wait-us must be a number of µs or auto"):
             REGISTRY.options(parse(["--hop-upstream-wait-us", bad]))
+    assert auto.hops(processes=4, cores=2).stream and not GatewayOptions(hop_transport="rpc").hops(4, 2).stream
+    with pytest.raises(UsageError, match="--hop-transport must be stream or rpc, got 'udp'"):
+        GatewayOptions(hop_transport="udp")
     with pytest.raises(UsageError, match="--hop-upstream-wait-us"):
         GatewayOptions(hop_upstream_wait_us=-1)
 
