@@ -6,9 +6,10 @@ at a time, 2-core EPYC: server 280-315 against 117-135 µs, client 175-205 again
 message; BENCHMARKS.md). The gateway's hops send one batch call per batch of queries, so each hop's
 route keeps one ``HopStream`` per stage method and replica:
 
-- ``__call__(request, timeout)`` stamps the batch request with a new ``sequence``, writes it (one
-  write at a time, as gRPC allows) and waits, up to ``timeout``, for the answer message with the same
-  sequence; the stage answers each message as soon as it is done, so answers may pass each other;
+- ``__call__(request, timeout)`` stamps the batch request with a new ``sequence``, hands it to the
+  stream's writer (one write at a time, as gRPC allows) and waits, up to ``timeout``, for the answer
+  message with the same sequence; the stage answers each message as soon as it is done, so answers
+  may pass each other;
 - the stream has no deadline: each entry carries its own (``timeout_us``), which the stage honours;
   a caller whose ``timeout`` passes gets ``DEADLINE_EXCEEDED``, and the stage drops the entry when its
   own deadline passes;
@@ -28,6 +29,7 @@ import asyncio
 import contextlib
 import itertools
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -50,21 +52,27 @@ class StreamBroken(Exception):
 
 
 class _Stream:
-    """One open stream: its call, the calls waiting for an answer (by sequence), its reader."""
+    """One open stream: its call, what is to be written (``outbox``; None: close the sending side), the
+    calls waiting for an answer (by sequence), its writer and reader tasks."""
 
     def __init__(self, call: Any, opened: float) -> None:
         self.call = call
         self.opened = opened
+        self.outbox: deque[Any] = deque()
+        self.wake = asyncio.Event()
         self.waiting: dict[int, asyncio.Future[Any]] = {}
-        self.write = asyncio.Lock()
         self.answered = 0
         self.broken: StreamBroken | None = None
-        self.reader: asyncio.Task[None] | None = None
+        self.tasks: list[asyncio.Task[None]] = []
 
 
 class HopStream:
     """One stage method's batch calls on a stream over one channel (see the module doc); ``open()``
-    starts a new stream call (``stub.<Method>Stream``)."""
+    starts a new stream call (``stub.<Method>Stream``).
+
+    Each stream's messages are written by a task of its own, never by a caller: grpc.aio cancels the
+    whole stream when a write in progress is cancelled, and a caller's own deadline or cancellation
+    must not fail the calls of others on the same stream."""
 
     def __init__(self, name: str, open: Callable[[], Any], max_age_s: float = DEFAULT_MAX_AGE_S) -> None:
         self.name = name
@@ -72,8 +80,7 @@ class HopStream:
         self.max_age_s = max_age_s
         self._stream: _Stream | None = None
         self._sequence = itertools.count(1)
-        self._draining: set[_Stream] = set()
-        self._closing: set[asyncio.Task[None]] = set()
+        self._retired: set[_Stream] = set()
         #: the stage has no stream method: the caller should use the batch RPC instead
         self.unsupported = False
         #: streams opened and calls sent a second time (for the tests and ``GetInfo``)
@@ -104,58 +111,58 @@ class HopStream:
         return await self._send(self._current(), request, timeout)
 
     async def _send(self, stream: _Stream, request: Any, timeout: float | None) -> Any:
+        if stream.broken is not None:
+            raise stream.broken
         sequence = next(self._sequence)
         request.sequence = sequence
         answer = asyncio.get_running_loop().create_future()
         stream.waiting[sequence] = answer
+        stream.outbox.append(request)
+        stream.wake.set()
         try:
             async with asyncio.timeout(timeout):
-                if stream.broken is not None:
-                    raise stream.broken
-                async with stream.write:
-                    try:
-                        await stream.call.write(request)
-                    except (aio.AioRpcError, aio.UsageError, asyncio.InvalidStateError) as e:
-                        error = _broken(e)
-                        self._break(stream, error)
-                        raise stream.broken or error from None
                 return await answer
         finally:
             stream.waiting.pop(sequence, None)
-            if answer.done() and not answer.cancelled():
-                answer.exception()  # retrieved: a failure raised above without awaiting it is not logged
-            else:
+            if not answer.done():
                 answer.cancel()
 
     def _current(self) -> _Stream:
-        """The stream new calls go on: the open one, else a new one (the old one, past its age or
-        broken, drains on its own)."""
+        """The stream new calls go on: the open one, else a new one (the old one, past its age,
+        delivers what it owes and ends; a broken one has ended)."""
         stream = self._stream
         now = time.monotonic()
         if stream is not None and stream.broken is None and now - stream.opened < self.max_age_s:
             return stream
         if stream is not None and stream.broken is None:
-            self._retire(stream)
+            stream.outbox.append(None)  # its writer closes the sending side once the rest is written
+            stream.wake.set()
+            self._retired.add(stream)
         stream = _Stream(self._open(), now)
-        stream.reader = asyncio.get_running_loop().create_task(self._read(stream), name=f"stream-{self.name}")
+        loop = asyncio.get_running_loop()
+        stream.tasks = [loop.create_task(self._write(stream), name=f"stream-{self.name}-writer"),
+                        loop.create_task(self._read(stream), name=f"stream-{self.name}-reader")]
+        stream.tasks[1].add_done_callback(lambda _: self._retired.discard(stream))
         self._stream = stream
         self.opened += 1
         return stream
 
-    def _retire(self, stream: _Stream) -> None:
-        """Close the writing side of a stream past its age; its reader delivers what it still owes."""
-        self._draining.add(stream)
-
-        async def close_writing() -> None:
-            with contextlib.suppress(aio.AioRpcError, aio.UsageError, asyncio.InvalidStateError):
-                async with stream.write:
+    async def _write(self, stream: _Stream) -> None:
+        """Write the stream's messages in order, one at a time (as gRPC allows), until it is retired."""
+        try:
+            while True:
+                while not stream.outbox:
+                    if stream.broken is not None:
+                        return
+                    stream.wake.clear()
+                    await stream.wake.wait()
+                request = stream.outbox.popleft()
+                if request is None:
                     await stream.call.done_writing()
-
-        task = asyncio.get_running_loop().create_task(close_writing())
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
-        if stream.reader is not None:
-            stream.reader.add_done_callback(lambda _: self._draining.discard(stream))
+                    return
+                await stream.call.write(request)
+        except (aio.AioRpcError, aio.UsageError, asyncio.InvalidStateError) as e:
+            self._break(stream, _broken(e))
 
     async def _read(self, stream: _Stream) -> None:
         """Hand each answer to the call waiting for its sequence, until the stream ends."""
@@ -180,18 +187,21 @@ class HopStream:
         for waiter in stream.waiting.values():
             if not waiter.done():
                 waiter.set_exception(stream.broken)
+                waiter.exception()  # retrieved: its caller may have stopped waiting
+        stream.outbox.clear()
+        stream.wake.set()
         if self._stream is stream:
             self._stream = None
 
     async def close(self) -> None:
-        for stream in [*self._draining, *([self._stream] if self._stream is not None else [])]:
+        for stream in [*self._retired, *([self._stream] if self._stream is not None else [])]:
             stream.call.cancel()
-            if stream.reader is not None:
-                stream.reader.cancel()
+            for task in stream.tasks:
+                task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
-                    await stream.reader
+                    await task
         self._stream = None
-        self._draining.clear()
+        self._retired.clear()
 
 
 def _broken(error: BaseException) -> StreamBroken:
