@@ -211,12 +211,12 @@ read -r queries errors < <(python3 -c "import json,sys; d=json.load(open(sys.arg
 [ "$queries" = 200 ] && [ "$errors" = 0 ] || fail "querygen: $queries queries, $errors errors"
 timed "querygen 200 queries" "$(since "$t")"
 
-rank_calls() {  # rank_calls METRICS_PORT: Rank RPCs the ranking server on that port received
+rank_calls() {  # rank_calls METRICS_PORT: Rank calls the ranking server on that port received (Rank, RankBatch, RankStream messages)
   python3 - "$1" <<'EOF'
 import re, sys, urllib.request
 text = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5).read().decode()
 print(int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-              if line.startswith("recpipe_requests_total{") and re.search(r'method="[^"]*Rank"', line))))
+              if line.startswith("recpipe_requests_total{") and re.search(r'method="[^"]*/Rank(Batch|Stream)?"', line))))
 EOF
 }
 # the gateway sends each Rank batch to the first ranking replica with none of its calls out: lone
