@@ -70,7 +70,8 @@ class _StageClient:
 
     def _hop(self, stub_class: Callable[[aio.Channel], Any], method: str, batch_request: Callable[..., Any]) -> Hop[Any, Any]:
         """The calls of ``method`` through a ``Hop``: one ``<method>Batch`` RPC (entries in
-        ``batch_request``) for the calls in flight, ``method`` for a call alone, on each replica."""
+        ``batch_request``) for the calls in flight, ``method`` for a call alone, on each replica; with
+        ``HopConfig.stream``, each batch (a lone call too) as one message of ``<method>Stream``."""
         several = len(self.replica_channels) > 1
         # a ``dns:`` name keeps one RPC per call, so round_robin spreads every call over the addresses it
         # resolves to (a stream would pin its calls to one of them); the addresses ``serve --replicas``

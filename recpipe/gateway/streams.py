@@ -11,11 +11,15 @@ route keeps one ``HopStream`` per stage method and replica:
   message with the same sequence; the stage answers each message as soon as it is done, so answers
   may pass each other;
 - the stream has no deadline: each entry carries its own (``timeout_us``), which the stage honours;
-  a caller whose ``timeout`` passes gets ``DEADLINE_EXCEEDED``, and the stage drops the entry when its
-  own deadline passes;
+  a caller whose ``timeout`` passes gets ``TimeoutError`` (DEADLINE_EXCEEDED to the stage client's
+  caller), and the stage drops the entry when its own deadline passes; its message is written all the
+  same, by the stream's writer task, so a caller's deadline never cancels a write (grpc.aio would
+  cancel the whole stream, and the calls of others on it);
 - a stream lives ``max_age_s`` at most: then its writing side is closed (it still delivers the answers
   it owes) and the next call opens a new one, so it never outlives a server's ``max_connection_age``
   grace (``recpipe.serving.connection_age``: 30 s + 10 s) with answers owed;
+- a stage that stops ends its streams once it has answered what it read (``CoreStage.drain``), and
+  the next call opens a new one;
 - a stream that breaks (the stage restarted, the connection was closed) fails the calls waiting on it
   with its status; a call sent on a stream that had already answered is sent once more on a new one
   (the stage's work is a read, so a second try is safe), and its failure is the caller's;
