@@ -21,7 +21,7 @@ import numpy as np
 from grpc import aio
 
 from recpipe.errors import ArtifactMismatch, RecpipeError
-from recpipe.gateway.hops import Hop, HopConfig, Route, replica_targets
+from recpipe.gateway.hops import Hop, HopConfig, Route, replica_targets, timeout_us
 from recpipe.gateway.streams import HopStream, StreamBroken
 from recpipe.serving import codec
 from recpipe.serving.channels import make_channel
@@ -119,7 +119,7 @@ class _StageClient:
             return self._entries(reply)
 
         async def streamed_one(request: Any, timeout: float | None) -> Any:
-            answer = (await streamed([request], [0 if timeout is None else max(1, int(timeout * 1e6))], timeout))[0]
+            answer = (await streamed([request], [timeout_us(timeout)], timeout))[0]
             if isinstance(answer, BaseException):
                 raise answer
             return answer

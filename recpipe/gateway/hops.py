@@ -267,7 +267,7 @@ class Hop(Generic[Req, Res]):
                 answers: Sequence[Any] = [await route.unary(batch[0].request, lefts[0])]
             else:
                 answers = await route.batch([c.request for c in batch],
-                                            [0 if t is None else max(1, int(t * 1e6)) for t in lefts], timeout)
+                                            [timeout_us(t) for t in lefts], timeout)
                 if len(answers) != len(batch):
                     raise StageUnavailable(f"{self.name}: a batch of {len(batch)} got {len(answers)} answers")
         except RecpipeError as e:  # the whole call failed (the stage is down, the deadline passed, ...)
@@ -290,6 +290,12 @@ class Hop(Generic[Req, Res]):
                 call.future.set_exception(answer)
             else:
                 call.future.set_result(answer)
+
+
+def timeout_us(left: float | None) -> int:
+    """A batch entry's ``timeout_us`` for ``left`` seconds (None: no deadline, 0 on the wire; at least
+    1 µs otherwise, so a deadline about to pass is not taken for none)."""
+    return 0 if left is None else max(1, int(left * 1e6))
 
 
 def replica_targets(target: str) -> list[str]:

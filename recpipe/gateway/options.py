@@ -59,9 +59,6 @@ class GatewayOptions(StageOptions):
         negative_wait = self.hop_upstream_wait_us != "auto" and int(self.hop_upstream_wait_us) < 0
         if self.hop_queue_delay_us < 0 or self.hop_max_in_flight < 0 or negative_wait:
             raise UsageError("--hop-queue-delay-us, --hop-upstream-wait-us and --hop-max-in-flight must be >= 0")
-        self._check_transport()
-
-    def _check_transport(self) -> None:
         if self.hop_transport not in ("stream", "rpc"):
             raise UsageError(f"--hop-transport must be stream or rpc, got {self.hop_transport!r}")
 

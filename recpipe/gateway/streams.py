@@ -42,6 +42,8 @@ from grpc import aio
 
 #: what ``read()`` returns once a stream has ended (grpc-stubs lacks it)
 _EOF: Any = aio.EOF  # type: ignore[attr-defined]
+#: what a stream's read or write raises once the stream has ended or failed
+_ENDED = (aio.AioRpcError, aio.UsageError, asyncio.InvalidStateError)
 #: seconds a stream takes new calls (see the module doc): well inside the servers' connection age grace
 DEFAULT_MAX_AGE_S = 5.0
 
@@ -165,7 +167,7 @@ class HopStream:
                     await stream.call.done_writing()
                     return
                 await stream.call.write(request)
-        except (aio.AioRpcError, aio.UsageError, asyncio.InvalidStateError) as e:
+        except _ENDED as e:
             self._break(stream, _broken(e))
 
     async def _read(self, stream: _Stream) -> None:
@@ -180,7 +182,7 @@ class HopStream:
                 waiter = stream.waiting.get(reply.sequence)
                 if waiter is not None and not waiter.done():
                     waiter.set_result(reply)
-        except (aio.AioRpcError, aio.UsageError, asyncio.InvalidStateError) as e:
+        except _ENDED as e:
             self._break(stream, _broken(e))
 
     def _break(self, stream: _Stream, error: StreamBroken) -> None:

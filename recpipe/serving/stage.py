@@ -142,8 +142,9 @@ overlap; a batcher makes one call at a time.
         self._batchers: dict[str, Batcher[Any, Any]] = {}
         #: The seconds per row of each unbatched method (batched ones: their batcher's ``cost``).
         self._costs: dict[str, CallCost] = {}
-        #: the streams open (``handle_stream``), and what tells them the server is stopping (``drain``)
-        self._streams = 0
+        #: the open streams' handler tasks (``handle_stream``), and what tells them the server is stopping
+        #: (``drain``)
+        self._streams: set[asyncio.Task[Any]] = set()
         self._draining: asyncio.Event | None = None
 
     @classmethod
@@ -228,7 +229,9 @@ overlap; a batcher makes one call at a time.
             self._draining = asyncio.Event()
         reading = asyncio.create_task(read())
         draining = asyncio.create_task(self._draining.wait())
-        self._streams += 1
+        handler = asyncio.current_task()
+        assert handler is not None
+        self._streams.add(handler)
         try:
             # until the caller ends its side, or the server stops (``drain``): then what was read is
             # answered and the stream ends with OK, so the caller opens a new one
@@ -238,7 +241,7 @@ overlap; a batcher makes one call at a time.
             while handling:
                 await asyncio.gather(*handling)
         finally:
-            self._streams -= 1
+            self._streams.discard(handler)
             for task in (reading, draining, *handling):
                 task.cancel()
 
@@ -249,8 +252,8 @@ overlap; a batcher makes one call at a time.
         if self._draining is None:
             return
         self._draining.set()
-        while self._streams:
-            await asyncio.sleep(0.001)
+        if self._streams:
+            await asyncio.wait(set(self._streams))
 
     async def _batch(self, method: Method[C, Q, R], request: Any, deadline: float | None,
                      entry: Callable[..., Any], start: int, rpc: str) -> list[Any]:
