@@ -9,7 +9,10 @@ chain's own channels means SERVING also proves those channels are connected: the
 SERVING does not meet a channel still backing off from an earlier failed connect.
 
 Polling rather than ``Watch``: a Watch stream says nothing while a stage is frozen (SIGSTOP, a hung
-event loop), since its connection stays open; a Check with a deadline notices.
+event loop), since its connection stays open; a Check with a deadline notices. A channel that loses its
+connection (the stage exited or was killed) is checked at once rather than at the next poll: the
+supervisor's standby can take a killed stage's port in well under ``INTERVAL_S``, and the gateway
+should still have said NOT_SERVING while nothing listened there.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class ChainReadiness:
     """Follows the health of the stages behind ``channels`` (stage name -> the chain's channel)."""
 
     def __init__(self, channels: Mapping[str, aio.Channel]) -> None:
+        self._channels = dict(channels)
         self._stubs = {name: health_pb2_grpc.HealthStub(channel) for name, channel in channels.items()}
         #: stage -> "SERVING", or why not ("NOT_SERVING", "UNAVAILABLE: ...", "no answer in 1.0s").
         self.status: dict[str, str] = {name: "UNKNOWN" for name in channels}
@@ -49,9 +53,20 @@ class ChainReadiness:
 
     async def run(self, report: Report) -> None:
         """Check the stages until cancelled; ``report(ready)`` on every change (not ready at first)."""
-        while True:
-            await self.check_once(report)
-            await asyncio.sleep(INTERVAL_S if self.ready else NOT_READY_INTERVAL_S)
+        lost = asyncio.Event()
+        watchers = [asyncio.create_task(_watch_connection(channel, lost)) for channel in self._channels.values()]
+        try:
+            while True:
+                await self.check_once(report)
+                try:
+                    await asyncio.wait_for(lost.wait(), INTERVAL_S if self.ready else NOT_READY_INTERVAL_S)
+                except asyncio.TimeoutError:
+                    continue
+                lost.clear()
+        finally:
+            for watcher in watchers:
+                watcher.cancel()
+            await asyncio.gather(*watchers, return_exceptions=True)
 
     async def check_once(self, report: Report) -> bool:
         """One round of health checks over every stage; returns whether the chain is ready."""
@@ -92,3 +107,14 @@ class ChainReadiness:
                 return f"{NO_ANSWER} in {TIMEOUT_S:g}s"
             return f"{e.code().name} ({(e.details() or '')[:120]})"
         return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+
+
+async def _watch_connection(channel: aio.Channel, lost: asyncio.Event) -> None:
+    """Set ``lost`` whenever ``channel`` leaves READY (its connection closed or broke)."""
+    state = channel.get_state(try_to_connect=False)
+    while True:
+        await channel.wait_for_state_change(state)
+        new = channel.get_state(try_to_connect=False)
+        if state == grpc.ChannelConnectivity.READY and new != grpc.ChannelConnectivity.READY:
+            lost.set()
+        state = new

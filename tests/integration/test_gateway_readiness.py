@@ -134,3 +134,38 @@ def test_a_frozen_stage_fails_fast_instead_of_costing_each_call_its_deadline():
     finally:
         toy.terminate()
         toy.wait(timeout=30)
+
+
+def test_a_killed_stage_is_noticed_at_once_not_at_the_next_poll(monkeypatch: pytest.MonkeyPatch):
+    """A stage killed outright closes its connection; the gateway checks at that moment instead of at its
+    next poll, so it says NOT_SERVING even when a standby takes the port back faster than the poll (as
+    the supervisor's standbys do). With the poll slowed to a minute only the connection watch can see it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from recpipe.gateway import readiness
+
+    port = free_port()
+    toy = subprocess.Popen([sys.executable, str(Path(__file__).with_name("toy_serve.py")), str(port)])
+    world = ToyWorld()
+    try:
+        wait_status(f"127.0.0.1:{port}", "SERVING", timeout=60)
+        with ServerThread() as st:
+            retrieval = st.start(RetrievalStage(lambda: ToyRetrievalCore(world)))
+            ranking = st.start(RankingStage(lambda: ToyRankingCore(world)))
+            gateway = st.start(GatewayStage(f"127.0.0.1:{port}", retrieval.address, ranking.address))
+            wait_status(gateway.address, "SERVING")
+            with RecommendClient(gateway.address, timeout=30) as client:
+                assert len(client.recommend(1, 20, 5).item_ids) == 5
+            monkeypatch.setattr(readiness, "INTERVAL_S", 60.0)
+            time.sleep(2 * readiness.NOT_READY_INTERVAL_S + 0.5)  # the gateway is now in its minute-long wait
+            os.kill(toy.pid, signal.SIGKILL)
+            toy.wait(timeout=10)
+            wait_status(gateway.address, "NOT_SERVING", timeout=10)
+    finally:
+        if toy.poll() is None:
+            toy.kill()
+            toy.wait(timeout=30)
