@@ -60,7 +60,7 @@ class ChainReadiness:
                 await self.check_once(report)
                 try:
                     await asyncio.wait_for(lost.wait(), INTERVAL_S if self.ready else NOT_READY_INTERVAL_S)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     continue
                 lost.clear()
         finally:
