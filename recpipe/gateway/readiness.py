@@ -25,6 +25,8 @@ import grpc
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from recpipe.serving.waits import wait_event
+
 log = logging.getLogger(__name__)
 
 #: Seconds between health checks while the chain is ready, and while it is not.
@@ -58,10 +60,7 @@ class ChainReadiness:
         try:
             while True:
                 await self.check_once(report)
-                try:
-                    await asyncio.wait_for(lost.wait(), INTERVAL_S if self.ready else NOT_READY_INTERVAL_S)
-                except TimeoutError:
-                    continue
+                await wait_event(lost, INTERVAL_S if self.ready else NOT_READY_INTERVAL_S)
                 lost.clear()
         finally:
             for watcher in watchers:

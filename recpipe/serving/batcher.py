@@ -40,6 +40,7 @@ from recpipe.errors import DeadlineExceeded, Overloaded, RecpipeError, StageUnav
 from recpipe.serving import nvtx
 from recpipe.serving.inline import CallCost, start_thread
 from recpipe.serving.options import StageOptions, option
+from recpipe.serving.waits import wait_event
 
 Q = TypeVar("Q")
 R = TypeVar("R")
@@ -367,5 +368,4 @@ async def wait_while(waiting: Callable[[], bool], wake: asyncio.Event, until: fl
         if left <= 0:
             return
         wake.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(wake.wait(), left)
+        await wait_event(wake, left)

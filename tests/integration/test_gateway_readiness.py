@@ -169,3 +169,4 @@ def test_a_killed_stage_is_noticed_at_once_not_at_the_next_poll(monkeypatch: pyt
         if toy.poll() is None:
             toy.kill()
             toy.wait(timeout=30)
+
