@@ -4,8 +4,15 @@ when it is back; Recommend meanwhile answers UNAVAILABLE naming the stage."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import signal
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -33,6 +40,30 @@ def wait_status(address: str, wanted: str, timeout: float = 10.0) -> float:
             if time.monotonic() - start > timeout:
                 pytest.fail(f"{address} still {status} after {timeout}s (wanted {wanted})")
             time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def toy_features_chain() -> Iterator[tuple[subprocess.Popen[bytes], str, str]]:
+    """A gateway whose features stage runs in a process of its own (``toy_serve.py``), so that a test can
+    freeze or kill it, and retrieval and ranking in this one: (that process, its address, the gateway's),
+    once the gateway is SERVING and has answered a Recommend."""
+    port = free_port()
+    toy = subprocess.Popen([sys.executable, str(Path(__file__).with_name("toy_serve.py")), str(port)])
+    world = ToyWorld()
+    try:
+        wait_status(f"127.0.0.1:{port}", "SERVING", timeout=60)
+        with ServerThread() as st:
+            retrieval = st.start(RetrievalStage(lambda: ToyRetrievalCore(world)))
+            ranking = st.start(RankingStage(lambda: ToyRankingCore(world)))
+            gateway = st.start(GatewayStage(f"127.0.0.1:{port}", retrieval.address, ranking.address))
+            wait_status(gateway.address, "SERVING")
+            with RecommendClient(gateway.address, timeout=30) as client:
+                assert len(client.recommend(1, 20, 5).item_ids) == 5
+            yield toy, f"127.0.0.1:{port}", gateway.address
+    finally:
+        if toy.poll() is None:
+            toy.terminate()
+        toy.wait(timeout=30)
 
 
 def test_gateway_health_follows_every_stage_it_calls():
@@ -91,82 +122,40 @@ def test_a_frozen_stage_fails_fast_instead_of_costing_each_call_its_deadline():
     """A stage that stops answering (SIGSTOP: its connection stays open, so calls just wait) is seen by the
     gateway's health checks within about a second; from then on calls that need it are refused at once
     with UNAVAILABLE naming it, instead of each waiting out its whole deadline as DEADLINE_EXCEEDED."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    port = free_port()
-    toy = subprocess.Popen([sys.executable, str(Path(__file__).with_name("toy_serve.py")), str(port)])
-    world = ToyWorld()
-    try:
-        wait_status(f"127.0.0.1:{port}", "SERVING", timeout=60)
-        with ServerThread() as st:
-            retrieval = st.start(RetrievalStage(lambda: ToyRetrievalCore(world)))
-            ranking = st.start(RankingStage(lambda: ToyRankingCore(world)))
-            gateway = st.start(GatewayStage(f"127.0.0.1:{port}", retrieval.address, ranking.address))
-            wait_status(gateway.address, "SERVING")
-            with RecommendClient(gateway.address, timeout=30) as client:
-                assert len(client.recommend(1, 20, 5).item_ids) == 5
-                os.kill(toy.pid, signal.SIGSTOP)
-                try:
-                    wait_status(gateway.address, "NOT_SERVING", timeout=10)  # the health checks noticed
-                    with grpc.insecure_channel(gateway.address) as channel:
-                        stub = recommend_pb2_grpc.RecommendServiceStub(channel)
-                        request = recommend_pb2.RecommendRequest(user_id=1, num_candidates=20)
-                        # short calls time out until the checks have missed SILENT_CHECKS answers in a row
-                        codes = []
-                        while not codes or codes[-1] != grpc.StatusCode.UNAVAILABLE:
-                            assert len(codes) < 60, codes  # never: every call waits out its deadline
-                            with pytest.raises(grpc.RpcError) as short:
-                                stub.Recommend(request, timeout=0.5)
-                            codes.append(short.value.code())
-                        assert set(codes) <= {grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE}
-                        with pytest.raises(grpc.RpcError) as refused:  # a long deadline is not waited out
-                            stub.Recommend(request, timeout=30)
-                    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
-                    assert refused.value.details().startswith(f"features unavailable at 127.0.0.1:{port}: no answer")
-                finally:
-                    os.kill(toy.pid, signal.SIGCONT)
-                wait_status(gateway.address, "SERVING")
-                assert len(client.recommend(2, 20, 5).item_ids) == 5
-    finally:
-        toy.terminate()
-        toy.wait(timeout=30)
+    with toy_features_chain() as (toy, features, gateway), RecommendClient(gateway, timeout=30) as client:
+        os.kill(toy.pid, signal.SIGSTOP)
+        try:
+            wait_status(gateway, "NOT_SERVING", timeout=10)  # the health checks noticed
+            with grpc.insecure_channel(gateway) as channel:
+                stub = recommend_pb2_grpc.RecommendServiceStub(channel)
+                request = recommend_pb2.RecommendRequest(user_id=1, num_candidates=20)
+                # short calls time out until the checks have missed SILENT_CHECKS answers in a row
+                codes = []
+                while not codes or codes[-1] != grpc.StatusCode.UNAVAILABLE:
+                    assert len(codes) < 60, codes  # never: every call waits out its deadline
+                    with pytest.raises(grpc.RpcError) as short:
+                        stub.Recommend(request, timeout=0.5)
+                    codes.append(short.value.code())
+                assert set(codes) <= {grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE}
+                with pytest.raises(grpc.RpcError) as refused:  # a long deadline is not waited out
+                    stub.Recommend(request, timeout=30)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert refused.value.details().startswith(f"features unavailable at {features}: no answer")
+        finally:
+            os.kill(toy.pid, signal.SIGCONT)
+        wait_status(gateway, "SERVING")
+        assert len(client.recommend(2, 20, 5).item_ids) == 5
 
 
 def test_a_killed_stage_is_noticed_at_once_not_at_the_next_poll(monkeypatch: pytest.MonkeyPatch):
     """A stage killed outright closes its connection; the gateway checks at that moment instead of at its
     next poll, so it says NOT_SERVING even when a standby takes the port back faster than the poll (as
     the supervisor's standbys do). With the poll slowed to a minute only the connection watch can see it."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    from pathlib import Path
-
     from recpipe.gateway import readiness
 
-    port = free_port()
-    toy = subprocess.Popen([sys.executable, str(Path(__file__).with_name("toy_serve.py")), str(port)])
-    world = ToyWorld()
-    try:
-        wait_status(f"127.0.0.1:{port}", "SERVING", timeout=60)
-        with ServerThread() as st:
-            retrieval = st.start(RetrievalStage(lambda: ToyRetrievalCore(world)))
-            ranking = st.start(RankingStage(lambda: ToyRankingCore(world)))
-            gateway = st.start(GatewayStage(f"127.0.0.1:{port}", retrieval.address, ranking.address))
-            wait_status(gateway.address, "SERVING")
-            with RecommendClient(gateway.address, timeout=30) as client:
-                assert len(client.recommend(1, 20, 5).item_ids) == 5
-            monkeypatch.setattr(readiness, "INTERVAL_S", 60.0)
-            time.sleep(2 * readiness.NOT_READY_INTERVAL_S + 0.5)  # the gateway is now in its minute-long wait
-            os.kill(toy.pid, signal.SIGKILL)
-            toy.wait(timeout=10)
-            wait_status(gateway.address, "NOT_SERVING", timeout=10)
-    finally:
-        if toy.poll() is None:
-            toy.kill()
-            toy.wait(timeout=30)
-
+    with toy_features_chain() as (toy, _, gateway):
+        monkeypatch.setattr(readiness, "INTERVAL_S", 60.0)
+        time.sleep(2 * readiness.NOT_READY_INTERVAL_S + 0.5)  # the gateway is now in its minute-long wait
+        os.kill(toy.pid, signal.SIGKILL)
+        toy.wait(timeout=10)
+        wait_status(gateway, "NOT_SERVING", timeout=10)
