@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import math
 import re
 import sys
 from collections.abc import Mapping, Sequence
@@ -36,7 +37,7 @@ from pathlib import Path
 from recpipe.accel.device import certainly_cpu
 from recpipe.errors import UsageError
 from recpipe.serving.config import METRICS_PORT_OFFSET
-from recpipe.serving.spec import CORES_PER_PROCESS, Registry
+from recpipe.serving.spec import CORES_PER_PROCESS, GPU_CORES_PER_PROCESS, Registry, cores_per_process
 from recpipe.serving.supervisor import StageProcess, free_port
 from recpipe.serving.threads import usable_cores
 
@@ -115,8 +116,8 @@ def allocate_ports(registry: Registry, host: str, base: int, metrics_flag: int |
 
 #: ``--replicas`` help, shared by every command that starts the chain.
 REPLICAS_HELP = (f"processes per stage: STAGE=N[,STAGE=N...] (the others 1; N up to {MAX_REPLICAS}), N for "
-                 f"every stage, or auto (one process per {CORES_PER_PROCESS} cores, shared by each stage's "
-                 "cost on the device it uses; 1 each below that)")
+                 f"every stage, or auto (one process per {CORES_PER_PROCESS} cores, {GPU_CORES_PER_PROCESS} with a GPU, "
+                 "shared by each stage's cost on the device it uses; 1 each below that)")
 
 _NAMED = re.compile(r"^([A-Za-z_][\w-]*)=(\d+)$")
 
@@ -165,7 +166,8 @@ def resolve_replicas(registry: Registry, flag: str | None, device: str = "auto")
         cores = usable_cores()
         gpu = not certainly_cpu(device)
         counts = registry.auto_replicas(cores, MAX_REPLICAS, gpu=gpu)
-        why = (f"one process per stage (more from {CORES_PER_PROCESS * (len(registry) + 1)} cores)"
+        smallest = math.ceil(cores_per_process(gpu) * (len(registry) + 1))
+        why = (f"one process per stage (more from {smallest} cores)"
                if max(counts.values()) == 1 else _describe(counts))
         return counts, f"replicas: auto on {cores} core{'s' * (cores != 1)}: {why} (by each stage's cost" \
                        f"{' with a GPU' if gpu else ''}; --replicas STAGE=N to set)"

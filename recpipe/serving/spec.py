@@ -30,6 +30,16 @@ COMPUTE_NICE = 5
 #: run beside it (on the H200 machine the gateway's 2.56 ms of CPU per query at 736 q/s is 1.9 cores).
 #: ``--replicas auto`` runs at most one process per this many cores.
 CORES_PER_PROCESS = 2
+#: ``CORES_PER_PROCESS`` where the model stages compute on a GPU: their CPU then goes to serving alone, and
+#: a process at the chain's peak keeps about one core busy (78cf8d1 on the H200 machine: 12.3 cores at
+#: 3,209 q/s over 11 processes and the generator). 11 processes on 16 cores gave 1.6x the rate at
+#: p99 <= 20 ms of 8 in the same lease (BENCHMARKS.md, "H200 machine").
+GPU_CORES_PER_PROCESS = 1.4
+
+
+def cores_per_process(gpu: bool) -> float:
+    """The cores ``--replicas auto`` gives each serving process, with or without a GPU."""
+    return GPU_CORES_PER_PROCESS if gpu else CORES_PER_PROCESS
 
 
 @dataclass(frozen=True)
@@ -123,7 +133,7 @@ class Registry:
 
     def auto_replicas(self, cores: int, most: int, gpu: bool = False) -> dict[str, int]:
         """``--replicas auto`` on ``cores`` cores: one process per stage, then, while the processes number
-        fewer than ``cores // CORES_PER_PROCESS``, one more for the stage with the most CPU per query per
+        fewer than ``cores // cores_per_process(gpu)``, one more for the stage with the most CPU per query per
         process (its cost, ``gpu_cost`` where ``gpu``, over its processes), at most ``most`` each. With
         fewer cores than that takes, every stage keeps one: the processes already share all the cores,
         and one more adds memory and context switches, no CPU."""
@@ -132,7 +142,7 @@ class Registry:
             return s.gpu_cost if gpu and s.gpu_cost is not None else s.cost
 
         counts = {s.name: 1 for s in self}
-        while sum(counts.values()) < cores // CORES_PER_PROCESS:
+        while sum(counts.values()) < cores // cores_per_process(gpu):
             growing = [s for s in self if cost(s) > 0 and counts[s.name] < most]
             if not growing:
                 break
