@@ -34,15 +34,28 @@ _VARIED = ("device", "threads", "replicas", "workers", "serve_args", "data", "mo
 #: sizes a comparison may vary: the SLO table compares bound by bound ("not searched" where a run has no
 #: search at that bound), and a CPU and a GPU are rightly asked different bounds
 _PER_ROW = ("sizes.slo_bounds_ms ",)
-#: the sweep's p99 bound only says where a sweep stops (the sweep table compares clients by clients, "-"
-#: where a run has no point): it makes two runs unlike only where it stopped one of them
+#: the sweep's p99 bound and its largest number of clients only say where a sweep stops (the sweep
+#: table compares clients by clients, "-" where a run has no point): each makes two runs unlike only
+#: where it stopped one of them
 _SWEEP_BOUND = "sizes.sweep_p99_ms "
+_SWEEP_CAP = "sizes.max_concurrency "
 
 
 def differences(base: dict[str, Any], run: dict[str, Any]) -> list[str]:
     bound_stopped = _stopped_by_bound(base) or _stopped_by_bound(run)
+    cap_stopped = _stopped_by_cap(base) or _stopped_by_cap(run)
     return [d for d in settings.differences(base["settings"], run["settings"])
-            if not d.startswith(_PER_ROW) and (bound_stopped or not d.startswith(_SWEEP_BOUND))]
+            if not d.startswith(_PER_ROW) and (bound_stopped or not d.startswith(_SWEEP_BOUND))
+            and (cap_stopped or not d.startswith(_SWEEP_CAP))]
+
+
+def _stopped_by_cap(doc: dict[str, Any]) -> bool:
+    """Whether ``doc``'s sweep ended because it reached its largest number of clients (a document
+    without a sweep: as if it had)."""
+    sweep = doc["sections"].get("sweep")
+    if not sweep or not sweep.get("points"):
+        return True
+    return settings.reached_cap(str(sweep.get("stop_reason", "")))
 
 
 def _stopped_by_bound(doc: dict[str, Any]) -> bool:

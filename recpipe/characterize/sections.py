@@ -21,7 +21,7 @@ from recpipe.accel.traffic import KEY as TRAFFIC_KEY
 from recpipe.accel.traffic import Traffic
 from recpipe.characterize import cputime, datapaths, micro, ranking_batches
 from recpipe.characterize.gpu import BusySampler
-from recpipe.characterize.settings import MIN_GAIN, Settings, past_sweep_bound
+from recpipe.characterize.settings import MIN_GAIN, Settings, cap_reason, past_sweep_bound
 from recpipe.config import STEPS
 from recpipe.querygen.session import MIN_STEP_QUERIES
 from recpipe.serving.threads import usable_cores
@@ -223,7 +223,7 @@ def sweep_section(settings: Settings, ch: Chain, time_left: Callable[[], float],
     known."""
     s = settings.sizes
     points: list[dict[str, Any]] = []
-    stop = f"reached {s.max_concurrency} clients"
+    stop = cap_reason(s.max_concurrency)
     best = 0.0
     c = 1
     while c <= s.max_concurrency:

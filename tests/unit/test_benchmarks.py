@@ -117,6 +117,23 @@ def test_a_sweep_bound_makes_runs_unlike_only_where_it_stopped_a_sweep() -> None
     assert compare.differences(base, stopped) == ["sizes.sweep_p99_ms 200.0 vs 100.0"]
 
 
+def test_a_sweep_cap_makes_runs_unlike_only_where_it_stopped_a_sweep() -> None:
+    # the sweep's largest number of clients, like its bound, says only where a sweep stops
+    from recpipe.characterize import compare, document
+    from recpipe.characterize.settings import FULL
+
+    base, capped = (document.load(BENCH / n) for n in ("h200-cuda-03a97ac", "h200-cuda-78cf8d1"))
+    assert base["sections"]["sweep"]["stop_reason"].startswith("throughput rose less than")
+    assert capped["sections"]["sweep"]["stop_reason"] == "reached 64 clients"
+    wider = json.loads(json.dumps(base))
+    wider["settings"]["sizes"]["max_concurrency"] = FULL.max_concurrency
+    assert FULL.max_concurrency > 64
+    # 03a97ac's sweep found its knee at 16 clients: a larger cap would not have moved it
+    assert compare.differences(base, wider) == []
+    # 78cf8d1's stopped at its cap of 64 while throughput still rose: against a larger cap, unlike
+    assert compare.differences(capped, wider) == [f"sizes.max_concurrency 64 vs {FULL.max_concurrency}"]
+
+
 def test_slo_bounds_differ_without_making_runs_unlike(tmp_path: Path) -> None:
     # a bound searched by one run only is "not searched" in the other, not "none met"
     from recpipe.characterize import compare, document
