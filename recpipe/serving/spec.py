@@ -133,7 +133,7 @@ class Registry:
 
     def auto_replicas(self, cores: int, most: int, gpu: bool = False) -> dict[str, int]:
         """``--replicas auto`` on ``cores`` cores: one process per stage, then, while the processes number
-        fewer than ``cores // cores_per_process(gpu)``, one more for the stage with the most CPU per query per
+        fewer than ``cores / cores_per_process(gpu)``, one more for the stage with the most CPU per query per
         process (its cost, ``gpu_cost`` where ``gpu``, over its processes), at most ``most`` each. With
         fewer cores than that takes, every stage keeps one: the processes already share all the cores,
         and one more adds memory and context switches, no CPU."""
@@ -142,7 +142,8 @@ class Registry:
             return s.gpu_cost if gpu and s.gpu_cost is not None else s.cost
 
         counts = {s.name: 1 for s in self}
-        while sum(counts.values()) < cores // cores_per_process(gpu):
+        processes = int(cores / cores_per_process(gpu) + 1e-9)  # 7 / 1.4 is 5, not 4.999...
+        while sum(counts.values()) < processes:
             growing = [s for s in self if cost(s) > 0 and counts[s.name] < most]
             if not growing:
                 break
