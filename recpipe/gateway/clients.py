@@ -65,7 +65,8 @@ class _StageClient:
 
     @property
     def channel(self) -> aio.Channel:
-        """The channel the chain calls the stage on (the gateway's readiness checks use it too)."""
+        """The channel the chain calls the stage on, balanced over its replicas (a replica's own channel, in
+        ``replica_channels``, is what its hops send on and the gateway's readiness checks ask)."""
         return self._channel
 
     def _hop(self, stub_class: Callable[[aio.Channel], Any], method: str, batch_request: Callable[..., Any]) -> Hop[Any, Any]:

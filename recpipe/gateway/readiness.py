@@ -8,6 +8,12 @@ answer within ``TIMEOUT_S``, or that cannot be reached, makes the chain not read
 chain's own channels means SERVING also proves those channels are connected: the first Recommend after
 SERVING does not meet a channel still backing off from an earlier failed connect.
 
+A stage run as several replicas is asked on each replica's own channel (the ones its hops send on),
+and is SERVING while any replica is: the hops pass over a replica that is gone, so one replica killed
+or restarting must not turn the whole chain away (a check over the balanced channel could land on the
+dead replica in the moment before its channel noticed, and the gateway then refused every call until
+the next check).
+
 Polling rather than ``Watch``: a Watch stream says nothing while a stage is frozen (SIGSTOP, a hung
 event loop), since its connection stays open; a Check with a deadline notices. A channel that loses its
 connection (the stage exited or was killed) is checked at once rather than at the next poll: the
@@ -19,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import grpc
 from grpc import aio
@@ -42,11 +48,12 @@ Report = Callable[[bool], Awaitable[None]]
 
 
 class ChainReadiness:
-    """Follows the health of the stages behind ``channels`` (stage name -> the chain's channel)."""
+    """Follows the health of the stages behind ``channels`` (stage name -> the chain's channel to it, or
+    the channels to each of its replicas)."""
 
-    def __init__(self, channels: Mapping[str, aio.Channel]) -> None:
-        self._channels = dict(channels)
-        self._stubs = {name: health_pb2_grpc.HealthStub(channel) for name, channel in channels.items()}
+    def __init__(self, channels: Mapping[str, aio.Channel | Sequence[aio.Channel]]) -> None:
+        self._channels = {name: list(c) if isinstance(c, Sequence) else [c] for name, c in channels.items()}
+        self._stubs = {name: [health_pb2_grpc.HealthStub(c) for c in replicas] for name, replicas in self._channels.items()}
         #: stage -> "SERVING", or why not ("NOT_SERVING", "UNAVAILABLE: ...", "no answer in 1.0s").
         self.status: dict[str, str] = {name: "UNKNOWN" for name in channels}
         self.ready = False
@@ -56,7 +63,8 @@ class ChainReadiness:
     async def run(self, report: Report) -> None:
         """Check the stages until cancelled; ``report(ready)`` on every change (not ready at first)."""
         lost = asyncio.Event()
-        watchers = [asyncio.create_task(_watch_connection(channel, lost)) for channel in self._channels.values()]
+        watchers = [asyncio.create_task(_watch_connection(channel, lost))
+                    for replicas in self._channels.values() for channel in replicas]
         try:
             while True:
                 await self.check_once(report)
@@ -99,13 +107,30 @@ class ChainReadiness:
             "every stage SERVING"
 
     async def _status(self, name: str) -> str:
-        try:
-            reply = await self._stubs[name].Check(health_pb2.HealthCheckRequest(service=""), timeout=TIMEOUT_S)
-        except aio.AioRpcError as e:
-            if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                return f"{NO_ANSWER} in {TIMEOUT_S:g}s"
-            return f"{e.code().name} ({(e.details() or '')[:120]})"
-        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+        """The stage's status: SERVING while any of its replicas is; else the most telling of theirs (an
+        answer such as NOT_SERVING, then no answer, then unreachable)."""
+        answers = await asyncio.gather(*(_check(stub) for stub in self._stubs[name]))
+        return min(answers, key=_rank)
+
+
+def _rank(status: str) -> int:
+    """How well a replica's status speaks for its stage (lowest first)."""
+    if status == "SERVING":
+        return 0
+    if status.startswith(NO_ANSWER):
+        return 2
+    return 3 if status.startswith("UNAVAILABLE") else 1
+
+
+async def _check(stub: health_pb2_grpc.HealthStub) -> str:
+    """One process's health: "SERVING", another status's name, no answer in time, or the RPC's error."""
+    try:
+        reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=TIMEOUT_S)
+    except aio.AioRpcError as e:
+        if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return f"{NO_ANSWER} in {TIMEOUT_S:g}s"
+        return f"{e.code().name} ({(e.details() or '')[:120]})"
+    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
 
 
 async def _watch_connection(channel: aio.Channel, lost: asyncio.Event) -> None:

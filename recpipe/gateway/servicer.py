@@ -72,7 +72,7 @@ class GatewayStage(Stage):
         """The gateway is SERVING only while every stage it calls is (``recpipe.gateway.readiness``)."""
         if self._clients is None:
             return None
-        channels = tuple(client.channel for client in self._clients)
+        channels = tuple(client.replica_channels for client in self._clients)
         self._readiness = ChainReadiness(dict(zip(UPSTREAM, channels, strict=True)))
         return self._readiness.run
 

@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -159,3 +160,104 @@ def test_a_killed_stage_is_noticed_at_once_not_at_the_next_poll(monkeypatch: pyt
         os.kill(toy.pid, signal.SIGKILL)
         toy.wait(timeout=10)
         wait_status(gateway, "NOT_SERVING", timeout=10)
+
+
+class Caller(threading.Thread):
+    """Recommend calls one after another on one connection until halted, each outcome kept."""
+
+    def __init__(self, target: str) -> None:
+        super().__init__(daemon=True)
+        self.target = target
+        self.outcomes: list[str] = []  # "OK" or the status code's name
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        with grpc.insecure_channel(self.target) as channel:
+            stub = recommend_pb2_grpc.RecommendServiceStub(channel)
+            while not self.halt.is_set():
+                try:
+                    stub.Recommend(recommend_pb2.RecommendRequest(user_id=1, num_candidates=20, num_results=5),
+                                   timeout=10)
+                    self.outcomes.append("OK")
+                except grpc.RpcError as e:
+                    self.outcomes.append(e.code().name)
+
+
+def test_a_replica_killed_leaves_its_stage_serving_and_the_last_one_gone_does_not():
+    """A stage run as two replicas is SERVING while either is: the hops pass over the one that is gone,
+    so the gateway must neither say NOT_SERVING nor refuse calls for it. Each replica is checked on its
+    own channel. Before, the check the connection watch starts at once went over the balanced channel,
+    and could land on the killed replica before that channel had noticed: the gateway then refused
+    every call until its next check (in test_replicas' chain of processes; not reproduced here)."""
+    world = ToyWorld()
+    port = free_port()
+    toy = subprocess.Popen([sys.executable, str(Path(__file__).with_name("toy_serve.py")), str(port)])
+    try:
+        wait_status(f"127.0.0.1:{port}", "SERVING", timeout=60)
+        with ServerThread() as st:
+            other = st.start(FeatureStage(lambda: ToyFeatureCore(world)), port=free_port())
+            retrieval = st.start(RetrievalStage(lambda: ToyRetrievalCore(world)))
+            ranking = st.start(RankingStage(lambda: ToyRankingCore(world)))
+            gateway = st.start(GatewayStage(f"ipv4:127.0.0.1:{port},{other.address}", retrieval.address,
+                                            ranking.address))
+            wait_status(gateway.address, "SERVING")
+            with RecommendClient(gateway.address, timeout=30) as client, \
+                    grpc.insecure_channel(gateway.address) as channel:
+                caller = Caller(gateway.address)  # calls all along, as traffic would
+                caller.start()
+                while len(caller.outcomes) < 50:  # both replicas' channels connected and used
+                    time.sleep(0.01)
+                os.kill(toy.pid, signal.SIGKILL)
+                killed = len(caller.outcomes)
+                toy.wait(timeout=10)
+                # the connection watch checks at once and the poll goes on: every check meanwhile finds
+                # the chain serving on the other replica, and so does every call after the one (at most)
+                # that was on the killed replica
+                end = time.monotonic() + 1.5
+                while time.monotonic() < end:
+                    assert health_status(channel) == "SERVING"
+                caller.halt.set()
+                caller.join(30)
+                after = caller.outcomes[killed:]
+                assert len(after) >= 20 and after.count("OK") >= len(after) - 1, after
+                st.stop(other, grace=0)
+                assert wait_status(gateway.address, "NOT_SERVING", timeout=5) < 2.0
+                with pytest.raises(StageUnavailable, match="features unavailable at"):
+                    client.recommend(3, 20, 5)
+    finally:
+        if toy.poll() is None:
+            toy.kill()
+        toy.wait(timeout=30)
+
+
+def test_a_replicated_stage_speaks_with_its_best_replica():
+    """SERVING while any replica is; else an answer (NOT_SERVING: loading, not down), then no answer,
+    then unreachable: the one ``down`` names."""
+    from grpc import aio
+
+    from recpipe.gateway.readiness import ChainReadiness
+
+    world = ToyWorld()
+    with ServerThread() as st:
+        live = st.start(RankingStage(lambda: ToyRankingCore(world)))
+        loading = st.start(RankingStage(lambda: ToyRankingCore(world)), load=False)
+        dead = f"127.0.0.1:{free_port()}"
+
+        async def check(*addresses: str) -> tuple[str, tuple[str, str] | None]:
+            channels = [aio.insecure_channel(a) for a in addresses]
+            try:
+                readiness = ChainReadiness({"ranking": channels})
+
+                async def report(ready: bool) -> None:
+                    pass
+
+                await readiness.check_once(report)
+                return readiness.status["ranking"], readiness.down()
+            finally:
+                for channel in channels:
+                    await channel.close()
+
+        assert st.run(check(dead, live.address)) == ("SERVING", None)
+        assert st.run(check(loading.address, dead)) == ("NOT_SERVING", None)
+        status, down = st.run(check(dead, dead))
+        assert status.startswith("UNAVAILABLE") and down == ("ranking", status)
