@@ -8,7 +8,8 @@ generator passes channels it has already checked are ready). With ``hops`` (``re
 the calls in flight go out as one batch call per stage method (with ``HopConfig.stream``, as one
 message of a stream per stage method and replica: ``recpipe.gateway.streams``); where ``target`` lists several replicas
 (``recpipe serve --replicas``), the client also opens one channel per replica, and the hop chooses
-the replica of each batch itself (the balanced channel stays for the readiness checks).
+the replica of each batch itself (the balanced channel stays for the calls while no replica's own
+channel is up).
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ class _StageClient:
         routes = [self._route(stub_class(ch), method, batch_request, ch if several else None, stream)
                   for ch in self.replica_channels]
         # while no replica's own channel is connected (at start, or after a restart), the balanced
-        # channel, which the readiness checks prove connected, carries the calls
+        # channel carries the calls
         fallback = self._route(stub_class(self._channel), method, batch_request, None) if several else None
         hop: Hop[Any, Any] = Hop(f"{self.stage}.{method}", routes, self._hop_config, fallback, self._replica_busy)
         self.hops[method] = hop

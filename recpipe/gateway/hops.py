@@ -22,8 +22,8 @@ of the stages' dynamic batcher (``recpipe.serving.batcher``), with the same knob
   inference server gives one batch to each model instance, and at low load every query meets the same
   warm process instead of visiting each replica in turn (a round-robin channel also sends a second
   batch to a busy replica while another is idle); while no replica's own channel is up (they are
-  still connecting, or all down) the calls take the ``fallback`` route, the balanced channel that the
-  gateway's readiness checks go over;
+  still connecting, or all down) the calls take the ``fallback`` route, the balanced channel over
+  all of them;
 - the hops of one stage's methods share what each replica has out (``busy``): a replica works one
   call at a time on its event loop (a short one inline, ``recpipe.serving.inline``), so a batch of
   cheap AugmentUser calls sent to the features replica that is computing a batch of AugmentItems waits

@@ -219,8 +219,8 @@ def test_gateway_sends_lone_queries_to_the_first_replica_and_passes_over_one_tha
 
 def test_the_first_call_after_serving_meets_replicas_that_bound_after_the_gateway(toy_chain):
     """Replicas load before they take their ports, so a gateway's channels to them start failing and
-    back off; once the gateway says SERVING (its readiness checks went over its balanced channel), the
-    first Recommend must be answered even if no replica's own channel has reconnected yet."""
+    back off; once the gateway says SERVING (its readiness checks reached a replica on that replica's own
+    channel, the one its hops send on), the first Recommend must be answered."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     world, st = toy_chain["world"], toy_chain["servers"]
