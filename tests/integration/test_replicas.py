@@ -172,6 +172,7 @@ class Caller(threading.Thread):
         super().__init__(daemon=True)
         self.target = target
         self.outcomes: list[tuple[float, str]] = []  # (time.monotonic(), "OK" or the status code's name)
+        self.details: list[tuple[float, str]] = []  # (time.monotonic(), a failure's details)
         self.halt = threading.Event()
 
     def run(self) -> None:
@@ -186,6 +187,7 @@ class Caller(threading.Thread):
                     outcome = "OK"
                 except grpc.RpcError as e:
                     outcome = e.code().name
+                    self.details.append((time.monotonic(), e.details() or ""))
                 self.outcomes.append((time.monotonic(), outcome))
 
     def between(self, start: float, end: float) -> list[str]:
@@ -247,10 +249,13 @@ def test_ranking_replicas_share_the_calls_and_a_killed_one_is_restarted_while_th
         down = caller.between(killed, back)
         # The call in flight on ranking#1 when it died fails (UNAVAILABLE; measured: one of 750-800 in the
         # 4 s). Everything else is answered by ranking#2: the gateway checks each replica on its own channel,
-        # so ranking stays SERVING (when it checked over the balanced channel, the check its connection
+        # so ranking stays SERVING. (When it checked over the balanced channel, the check its connection
         # watch starts at once could land on ranking#1 as it died, and the gateway refused every call for
-        # the next 0.1 s: 3 runs of 8 failed here, 0 of 10 since).
+        # the next 0.1 s: 3 runs of 8 failed here, 0 of 10 since.) Judged by time, not by count: a refusal
+        # is fast, so 0.1 s of them is a hundred calls against 10 ms per answered one.
         assert set(down) <= {"OK", "UNAVAILABLE"}, down
-        assert down.count("OK") >= 10 and down.count("OK") >= 0.9 * len(down), down
+        failed = [(round(t - killed, 3), d[:160]) for t, d in caller.details if killed <= t <= back]
+        assert not failed or failed[-1][0] <= 0.5, (len(failed), failed[:3], failed[-3:])
+        assert down.count("OK") >= 10, down
         assert set(caller.between(back, time.monotonic())) == {"OK"}
         assert "stage ranking#2" not in "".join(s.lines.seen)
