@@ -15,7 +15,7 @@ explain it. A characterization without the section (written before it existed, o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,37 +34,27 @@ _VARIED = ("device", "threads", "replicas", "workers", "serve_args", "data", "mo
 #: sizes a comparison may vary: the SLO table compares bound by bound ("not searched" where a run has no
 #: search at that bound), and a CPU and a GPU are rightly asked different bounds
 _PER_ROW = ("sizes.slo_bounds_ms ",)
-#: the sweep's p99 bound and its largest number of clients only say where a sweep stops (the sweep
-#: table compares clients by clients, "-" where a run has no point): each makes two runs unlike only
-#: where it stopped one of them
-_SWEEP_BOUND = "sizes.sweep_p99_ms "
-_SWEEP_CAP = "sizes.max_concurrency "
+#: the sizes that only say where a sweep stops, its p99 bound and its largest number of clients (the
+#: sweep table compares clients by clients, "-" where a run has no point), each with whether it stopped
+#: a sweep: a difference in one makes two runs unlike only where it stopped one of them
+_SWEEP_STOPS: dict[str, Callable[[dict[str, Any]], bool]] = {
+    "sizes.sweep_p99_ms ": lambda sweep: settings.past_sweep_bound(sweep["points"][-1]["p99_us"],
+                                                                   sweep["p99_bound_ms"]),
+    "sizes.max_concurrency ": lambda sweep: settings.reached_cap(str(sweep.get("stop_reason", ""))),
+}
 
 
 def differences(base: dict[str, Any], run: dict[str, Any]) -> list[str]:
-    bound_stopped = _stopped_by_bound(base) or _stopped_by_bound(run)
-    cap_stopped = _stopped_by_cap(base) or _stopped_by_cap(run)
+    moot = tuple(prefix for prefix, stopped in _SWEEP_STOPS.items()
+                 if not (_sweep_stopped(base, stopped) or _sweep_stopped(run, stopped)))
     return [d for d in settings.differences(base["settings"], run["settings"])
-            if not d.startswith(_PER_ROW) and (bound_stopped or not d.startswith(_SWEEP_BOUND))
-            and (cap_stopped or not d.startswith(_SWEEP_CAP))]
+            if not d.startswith(_PER_ROW) and not d.startswith(moot)]
 
 
-def _stopped_by_cap(doc: dict[str, Any]) -> bool:
-    """Whether ``doc``'s sweep ended because it reached its largest number of clients (a document
-    without a sweep: as if it had)."""
+def _sweep_stopped(doc: dict[str, Any], stopped: Callable[[dict[str, Any]], bool]) -> bool:
+    """Whether ``doc``'s sweep ended as ``stopped`` says (a document without a sweep: as if it had)."""
     sweep = doc["sections"].get("sweep")
-    if not sweep or not sweep.get("points"):
-        return True
-    return settings.reached_cap(str(sweep.get("stop_reason", "")))
-
-
-def _stopped_by_bound(doc: dict[str, Any]) -> bool:
-    """Whether ``doc``'s sweep ended because its last point's p99 passed the sweep's bound (a document
-    without a sweep: as if it had)."""
-    sweep = doc["sections"].get("sweep")
-    if not sweep or not sweep.get("points"):
-        return True
-    return settings.past_sweep_bound(sweep["points"][-1]["p99_us"], sweep["p99_bound_ms"])
+    return not sweep or not sweep.get("points") or stopped(sweep)
 
 
 def _x(r: float | None) -> str:
