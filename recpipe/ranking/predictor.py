@@ -140,6 +140,8 @@ class Predictor:
     def _build(self, split: nn.Module, compiled: bool) -> None:
         mode = "padded" if compiled and self.graphs == "eager" else self.graphs
         split.gather_segments = mode != "eager" or self.device.type != "cpu"  # type: ignore[assignment]
+        if hasattr(split, "gram_pairs"):  # the dot interaction's split: the triangle where nothing compiles
+            split.gram_pairs = self.device.type == "cpu" and not compiled  # type: ignore[assignment]
         self._segmented = None
         if compiled and self.device.type == "cpu" and supports_segments(split):
             low = precisions.convert(split, self.precision, compile=False).eval()
@@ -248,6 +250,19 @@ class Predictor:
         return bucket(users, 2 if self._segmented is not None else 1), bucket(rows, MIN_ROWS_BUCKET)
 
     @property
+    def gram_pairs(self) -> bool:
+        """Whether the forward takes the item x item dots' upper triangle alone (``_UserSplit.gram_pairs``:
+        the eager CPU forms) rather than the full Gram matrix."""
+        return bool(getattr(self._split, "gram_pairs", False))
+
+    @gram_pairs.setter
+    def gram_pairs(self, on: bool) -> None:
+        """Set it on an eager forward (``recpipe bench ranking`` times both layouts; the same scores)."""
+        if self.compiled or not hasattr(self._split, "gram_pairs"):
+            raise ValueError("only the eager forward of the dot interaction has the item x item layouts")
+        self._split.gram_pairs = on  # type: ignore[union-attr]
+
+    @property
     def segmented(self) -> bool:
         """Whether a batch runs in the segmented form (``recpipe.ranking.segmented``): the compiled CPU
         form of the dot interaction, one call for every user's and candidate's own terms and one matmul
@@ -354,8 +369,12 @@ class _UserSplit(nn.Module):
     The first layer of the top MLP is split by what its inputs depend on: ``user_first`` over [user
     vector, user x user dots] (once per user), the item vector's and the item x user dots' columns
     folded with each user's vectors (``_folded``: once per user, then one matmul per candidate), and
-    ``item_item_first`` (the full (ni, ni) Gram matrix, weights on its upper triangle and zeros
-    elsewhere: a few more multiply-adds instead of a column gather, which costs more on a CPU). Where
+    the item x item dots: ``item_item_first`` over the full (ni, ni) Gram matrix (weights on its upper
+    triangle, zeros elsewhere: what the compiled and CUDA forms run, where the extra multiply-adds cost
+    less than a column gather) or, with ``gram_pairs`` (the eager CPU forms: fp32, int8),
+    ``item_pair_first`` over the upper triangle's ni(ni-1)/2 dots alone (the gather and half the
+    multiply-adds: 0.46 against 0.68 ms for this block at 500 candidates in fp32 on a 2-core AVX2
+    EPYC). Where
     items gather their users' vectors (static shapes for CUDA graphs, several users per forward) the
     fold cannot apply, and ``item_vec_first`` and ``item_user_first`` take every item x user dot. The
     folded weights are computed per call, so the int8 form quantizes every ``nn.Linear`` but not them.
@@ -364,6 +383,7 @@ class _UserSplit(nn.Module):
     user_src: torch.Tensor
     w_iu_fold: torch.Tensor
     w_vec_fold: torch.Tensor
+    item_pairs: torch.Tensor
 
     def __init__(self, model: DLRM, num_user_tables: int) -> None:
         super().__init__()
@@ -403,6 +423,10 @@ class _UserSplit(nn.Module):
         self.item_vec_first = _linear(w[:, d : 2 * d], None)
         self.item_user_first = _linear(w_iu, None)
         self.item_item_first = _linear(w_ii, None)
+        pairs = torch.triu_indices(ni, ni, offset=1, device=w.device)
+        pairs = pairs[0] * ni + pairs[1]  # the upper triangle's columns: every nonzero one of w_ii
+        self.item_pair_first = _linear(w_ii[:, pairs], None)
+        self.register_buffer("item_pairs", pairs, persistent=False)
         self.register_buffer("user_src", torch.tensor(user_src, dtype=torch.long), persistent=False)
         # The item x user columns folded with a user's vectors: (H * ni, nu), and the item vector's
         # columns in the folded layout (H, ni, D), nonzero only in slot 0 (see ``_folded``).
@@ -419,6 +443,9 @@ class _UserSplit(nn.Module):
         #: shapes, what CUDA graphs need; padded rows break the per-user runs) or one matmul per user over
         #: its contiguous items (far cheaper on a CPU). Both give the same scores.
         self.gather_segments = True
+        #: Whether the item x item part takes the upper triangle's dots alone (``item_pair_first``)
+        #: rather than the full Gram matrix (``item_item_first``). The same scores up to rounding.
+        self.gram_pairs = False
 
     def forward(
         self, ud: torch.Tensor, us: torch.Tensor, idn: torch.Tensor, isp: torch.Tensor, seg: torch.Tensor | None
@@ -438,7 +465,7 @@ class _UserSplit(nn.Module):
             folded = self._folded(u)
             h_items = torch.cat([h0[i] + part @ folded[i].T
                                  for i, part in enumerate(torch.split(flat, counts)) if part.shape[0]])
-        return self._top(h_items, torch.bmm(v, v.transpose(1, 2)).flatten(1), ud, idn, item_emb, seg)
+        return self._top(h_items, self._item_dots(v), ud, idn, item_emb, seg)
 
     def _users(self, ud: torch.Tensor, us: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """ud (B, Du), us (B, U) -> the users' vectors (B, nu, D) and their first-layer part h0 (B, H)."""
@@ -456,11 +483,16 @@ class _UserSplit(nn.Module):
         item_emb = torch.nn.functional.embedding(isp + self.tables.offsets[self.u_tab :], weight)  # (N, I, D)
         return item_vec, item_emb, torch.cat([item_vec[:, None, :], item_emb], dim=1)
 
+    def _item_dots(self, v: torch.Tensor) -> torch.Tensor:
+        """(N, ni, D) -> the item x item dots ``_top`` takes: (N, ni*ni), or (N, ni(ni-1)/2) with ``gram_pairs``."""
+        dots = torch.bmm(v, v.transpose(1, 2)).flatten(1)
+        return dots.index_select(1, self.item_pairs) if self.gram_pairs else dots
+
     def _top(self, h_items: torch.Tensor, vv: torch.Tensor, ud: torch.Tensor, idn: torch.Tensor,
              item_emb: torch.Tensor, seg: torch.Tensor | None) -> torch.Tensor:
         """The first layer's item x item part added to ``h_items`` (N, H), the rest of the top MLP and the
         wide part -> (N,) logits."""
-        h = h_items + self.item_item_first(vv)  # (N, H)
+        h = h_items + (self.item_pair_first if self.gram_pairs else self.item_item_first)(vv)  # (N, H)
         logits = self.rest(h).squeeze(-1)
         if self.wide is not None:
             dtype = self.tables.weight.dtype
@@ -474,7 +506,7 @@ class _UserSplit(nn.Module):
         items' flattened vectors (N, ni*D), their item x item dots (N, ni*ni) and embeddings (N, I, D)."""
         u, h0 = self._users(ud, us)
         _, item_emb, v = self._items(idn, isp)
-        return h0, self._folded(u), v.flatten(1), torch.bmm(v, v.transpose(1, 2)).flatten(1), item_emb
+        return h0, self._folded(u), v.flatten(1), self._item_dots(v), item_emb
 
     def finish(self, h_items: torch.Tensor, vv: torch.Tensor, ud: torch.Tensor, idn: torch.Tensor,
                item_emb: torch.Tensor, seg: torch.Tensor) -> torch.Tensor:

@@ -86,3 +86,5 @@ def test_bench_runs(name: str, device: str, small_models: Path, small_dataset: P
         assert "3 requests x 50 candidates: one batch against one by one" in out and "batch/one" in out
         if device == "cuda":
             assert "served, tables in host memory" in out and "served, no CUDA graphs" in out
+        else:  # the eager fp32 forward's item x item triangle beside the full Gram matrix (same scores, asserted)
+            assert "served, full item Gram" in out

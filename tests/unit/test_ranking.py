@@ -152,3 +152,36 @@ def test_both_ways_items_meet_their_users_give_the_same_scores(cores) -> None:
     finally:
         split.gather_segments = False
     np.testing.assert_allclose(per_user, gathered, rtol=1e-5, atol=1e-6)
+
+
+def test_both_item_gram_layouts_give_the_same_scores(cores) -> None:
+    # The eager CPU forward takes the item x item dots' upper triangle; the compiled and CUDA forms the
+    # full Gram matrix with zero weights below it: the same scores, for one user and for a batch
+    features, ranking = cores
+    predictor = ranking.predictor
+    assert predictor.gram_pairs is True  # the eager CPU default
+    rng = np.random.default_rng(11)
+    counts = [9, 1, 25]
+    users = [features.augment_user(u) for u in range(len(counts))]
+    items = [features.augment_items(u, rng.choice(features.num_items, k, replace=False)) for u, k in enumerate(counts)]
+
+    def scores() -> list[np.ndarray]:
+        batch = predictor.score_batch(np.stack([u.dense for u in users]), np.stack([u.sparse for u in users]),
+                                      np.concatenate([i.dense for i in items]),
+                                      np.concatenate([i.sparse for i in items]), counts)
+        alone = predictor.score_batch(users[0].dense[None], users[0].sparse[None], items[0].dense, items[0].sparse,
+                                      counts[:1])
+        return [batch, alone]
+
+    pairs = scores()
+    predictor.gram_pairs = False
+    try:
+        full = scores()
+    finally:
+        predictor.gram_pairs = True
+    for a, b in zip(pairs, full, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    # the triangle's block holds every nonzero weight of the full layout's
+    split = predictor._split
+    assert split.item_pair_first.weight.shape[1] == split.ni * (split.ni - 1) // 2
+    assert torch.count_nonzero(split.item_item_first.weight) == torch.count_nonzero(split.item_pair_first.weight)
