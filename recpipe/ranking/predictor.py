@@ -140,8 +140,9 @@ class Predictor:
     def _build(self, split: nn.Module, compiled: bool) -> None:
         mode = "padded" if compiled and self.graphs == "eager" else self.graphs
         split.gather_segments = mode != "eager" or self.device.type != "cpu"  # type: ignore[assignment]
-        if hasattr(split, "gram_pairs"):  # the dot interaction's split: the triangle where nothing compiles
-            split.gram_pairs = self.device.type == "cpu" and not compiled  # type: ignore[assignment]
+        if hasattr(split, "gram_pairs"):  # the dot interaction's: the triangle where the CPU runs unpadded
+            # (compiled forms run padded; the padded CPU twin of CUDA graphs keeps CUDA's layout)
+            split.gram_pairs = mode == "eager" and self.device.type == "cpu"  # type: ignore[assignment]
         self._segmented = None
         if compiled and self.device.type == "cpu" and supports_segments(split):
             low = precisions.convert(split, self.precision, compile=False).eval()

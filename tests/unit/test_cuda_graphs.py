@@ -42,6 +42,8 @@ def test_padded_predictor_equals_unpadded(counts: list[int]) -> None:
     padded = Predictor(small_model(), torch.device("cpu"), "padded")
     for p in (eager, padded):
         p.set_user_tables(4)
+    # the twin keeps CUDA's item x item layout (the full Gram matrix); the eager CPU form takes its triangle
+    assert (eager.gram_pairs, padded.gram_pairs) == (True, False)
     args = batch_inputs(counts)
     want = eager.score_batch(*args, counts)
     got = padded.score_batch(*args, counts)
