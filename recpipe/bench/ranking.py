@@ -13,9 +13,10 @@ host memory and the GPU reads the rows it needs over PCIe / NVLink-C2C instead o
 On the CPU, the served forward in each precision this CPU runs (``--ranking-precision``: fp32, bf16
 compiled, int8), with the held-out AUC ``recpipe train`` measured for each on the same model and its
 delta to fp32, each form's check against the bound at load (``recpipe.ranking.probe``) and the form
-``auto`` would pick, and ``served, full item Gram``: the fp32 form over the full (ni, ni) item x item
-Gram matrix (the layout of the compiled and CUDA forms) instead of its upper triangle. The fp32 forms are checked to give the same scores before timing; the lower
-precisions are reported against the bound, never asserted (a form that breaks it is what ``auto`` skips).
+``auto`` would pick; and ``served, full item Gram``, the fp32 form over the full (ni, ni) item x item
+Gram matrix (the compiled and CUDA forms' layout) instead of its upper triangle. The fp32 forms are
+checked to give the same scores before timing; the lower precisions are reported against the bound,
+never asserted (a form that breaks it is what ``auto`` skips).
 ``--requests N`` adds N requests as one batch (what a batched hop hands the stage) against the same N
 one by one in each form: the time per request, and how far a score moved between the two.
 """

@@ -373,10 +373,9 @@ class _UserSplit(nn.Module):
     the item x item dots: ``item_item_first`` over the full (ni, ni) Gram matrix (weights on its upper
     triangle, zeros elsewhere: what the compiled and CUDA forms run, where the extra multiply-adds cost
     less than a column gather) or, with ``gram_pairs`` (the eager CPU forms: fp32, int8),
-    ``item_pair_first`` over the upper triangle's ni(ni-1)/2 dots alone (the gather and half the
-    multiply-adds: 0.46 against 0.68 ms for this block at 500 candidates in fp32 on a 2-core AVX2
-    EPYC). Where
-    items gather their users' vectors (static shapes for CUDA graphs, several users per forward) the
+    ``item_pair_first`` over the upper triangle's ni(ni-1)/2 dots alone (a gather and half the
+    multiply-adds: 0.46 against 0.68 ms for this block at 500 candidates in fp32 on a 2-core AVX2 EPYC).
+    Where items gather their users' vectors (static shapes for CUDA graphs, several users per forward) the
     fold cannot apply, and ``item_vec_first`` and ``item_user_first`` take every item x user dot. The
     folded weights are computed per call, so the int8 form quantizes every ``nn.Linear`` but not them.
     """
