@@ -48,11 +48,11 @@ Report = Callable[[bool], Awaitable[None]]
 
 
 class ChainReadiness:
-    """Follows the health of the stages behind ``channels`` (stage name -> the chain's channel to it, or
-    the channels to each of its replicas)."""
+    """Follows the health of the stages behind ``channels`` (stage name -> the chain's channels to its
+    processes: one, or one per replica)."""
 
-    def __init__(self, channels: Mapping[str, aio.Channel | Sequence[aio.Channel]]) -> None:
-        self._channels = {name: list(c) if isinstance(c, Sequence) else [c] for name, c in channels.items()}
+    def __init__(self, channels: Mapping[str, Sequence[aio.Channel]]) -> None:
+        self._channels = {name: list(replicas) for name, replicas in channels.items()}
         self._stubs = {name: [health_pb2_grpc.HealthStub(c) for c in replicas] for name, replicas in self._channels.items()}
         #: stage -> "SERVING", or why not ("NOT_SERVING", "UNAVAILABLE: ...", "no answer in 1.0s").
         self.status: dict[str, str] = {name: "UNKNOWN" for name in channels}
