@@ -25,6 +25,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     length.add_argument("--duration", type=float, metavar="S", help="measured seconds (default 10; "
                         "per step with --slo-p99-ms, default 5)")
     length.add_argument("--queries", type=int, metavar="N", help="measured queries (open: duration N/rate)")
+    parser.add_argument("--min-queries", type=int, default=0, metavar="N",
+                        help="open loop: run each measurement (each SLO step) until N queries were sent if its "
+                             "--duration holds fewer, as MLPerf LoadGen's minimum query count does: a p99 from "
+                             "1000 queries rests on 10 beyond it (default 0: --duration alone)")
     parser.add_argument("--warmup", type=float, default=0.0, metavar="S",
                         help="seconds of load before measuring, excluded from the statistics")
     parser.add_argument("--users", default="uniform", help="uniform | zipf (user-id popularity)")
@@ -96,7 +100,7 @@ def build_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         ranking=target(args.ranking),
         arrivals=load_arrivals_file(args.arrivals_file) if args.arrivals_file else None,
         stability_percent=args.stability_percent, stability_percentile=args.stability_percentile,
-        max_windows=args.max_windows, processes=parse_processes(args.processes))
+        max_windows=args.max_windows, processes=parse_processes(args.processes), min_queries=args.min_queries)
 
 
 def run(args: argparse.Namespace) -> int:

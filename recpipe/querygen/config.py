@@ -22,6 +22,9 @@ STABLE_WINDOWS = 3
 AUTO = "auto"
 #: --processes: more than this is a typo, not a load generator
 MAX_PROCESSES = 64
+#: answered queries a p99 should rest on: 1,000 puts 10 beyond it (fewer, and a p99 is the largest of a
+#: handful of samples); what --min-queries suggests, and what an SLO step under it is warned about
+STEADY_P99_QUERIES = 1000
 
 
 def parse_processes(text: str, flag: str = "--processes") -> int | str:
@@ -66,6 +69,9 @@ class QuerygenConfig:
     max_windows: int = DEFAULT_MAX_WINDOWS
     #: sender processes: a number, or ``AUTO`` (sized per run by ``recpipe.querygen.senders.plan``)
     processes: int | str = 1
+    #: open loop: a run (an SLO step, a stability window) lasts until this many queries were scheduled
+    #: if its duration holds fewer (MLPerf LoadGen's minimum query count beside its minimum duration)
+    min_queries: int = 0
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -108,6 +114,13 @@ class QuerygenConfig:
                 raise UsageError(f"--slo-p99-ms must be > 0, got {self.slo_p99_ms}")
             if self.queries is not None:
                 raise UsageError("--slo-p99-ms runs fixed-duration steps: use --duration, not --queries")
+        if self.min_queries < 0:
+            raise UsageError(f"--min-queries must be >= 0, got {self.min_queries}")
+        if self.min_queries and self.mode != "open":
+            raise UsageError("--min-queries lengthens open-loop runs: use it with --mode open (closed and "
+                             "sequential runs take --queries N)")
+        if self.min_queries and self.queries is not None:
+            raise UsageError("give --queries or --min-queries, not both (--queries N is exactly N)")
         if self.stability_percent is not None:
             if not (self.stability_percent > 0 and math.isfinite(self.stability_percent)):
                 raise UsageError(f"--stability-percent must be > 0, got {self.stability_percent:g}")
@@ -151,3 +164,11 @@ class QuerygenConfig:
                 return self.queries / self.arrivals.mean_rate
             return self.queries / self.rate if self.mode == "open" and self.rate else None
         return DEFAULT_SLO_STEP_S if self.slo_p99_ms is not None else DEFAULT_DURATION_S
+
+    def window_s(self, rate: float | None) -> float | None:
+        """Seconds an open-loop run at ``rate`` measures: ``measured_duration``, lengthened where it would
+        schedule fewer than ``min_queries`` queries (None outside open loop)."""
+        planned = self.measured_duration
+        if planned is None or not self.min_queries or not rate:
+            return planned
+        return max(planned, self.min_queries / rate)

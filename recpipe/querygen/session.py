@@ -16,7 +16,7 @@ from recpipe.config import STEPS, TOTAL_STEP
 from recpipe.errors import UsageError
 from recpipe.gateway import STEP_STAGES, UPSTREAM
 from recpipe.querygen import clients, loops, platform_info, senders
-from recpipe.querygen.config import DEFAULT_NUM_USERS, STABLE_WINDOWS, QuerygenConfig
+from recpipe.querygen.config import DEFAULT_NUM_USERS, STABLE_WINDOWS, STEADY_P99_QUERIES, QuerygenConfig
 from recpipe.querygen.output import FORMAT
 from recpipe.querygen.progress import Progress
 from recpipe.querygen.recorder import Measurement, merge
@@ -223,9 +223,9 @@ class Session:
         cfg = self.config
         assert self.send is not None, "open() first"
         warm = cfg.warmup if warmup is None else warmup
-        planned = cfg.measured_duration
-        total_queries = cfg.queries if cfg.mode != "open" else None
         offered = cfg.arrivals.mean_rate if cfg.arrivals is not None else rate
+        planned = cfg.window_s(offered) if cfg.mode == "open" else cfg.measured_duration
+        total_queries = cfg.queries if cfg.mode != "open" else None
         n, why = senders.plan(cfg.processes, cfg.mode, offered, cfg.concurrency, usable_cores())
         concurrency = cfg.concurrency if cfg.mode == "closed" else 1
         if n > 1:
@@ -309,6 +309,7 @@ def _describe(config: QuerygenConfig, session: Session) -> dict[str, Any]:
         "warmup_s": config.warmup,
         "duration_s": config.measured_duration if config.queries is None or config.mode == "open" else None,
         "queries_requested": config.queries,
+        "min_queries": config.min_queries,
         "timeout_s": config.timeout,
         "arrivals": config.arrivals.describe() if config.arrivals is not None else None,
     }
@@ -350,6 +351,7 @@ async def execute(config: QuerygenConfig, stream: TextIO | None = None) -> dict[
 
             result = await find_max_rate(search, step)
             slo_json = result.to_json(search, step_s)
+            slo_json["min_queries"] = config.min_queries
             # The headline numbers are those of the best passing step (else the lowest rate tried).
             rate = result.max_rate if result.max_rate is not None else min(best)
             steps = [best[rate]]
@@ -402,6 +404,13 @@ async def execute(config: QuerygenConfig, stream: TextIO | None = None) -> dict[
         warnings.append(f"no rate met p99 <= {config.slo_p99_ms:g} ms down to "
                         f"{min(c['target_rate'] for c in slo_json['curve']):.2f} q/s (steps under "
                         f"{MIN_STEP_QUERIES} queries are not tried: a longer --duration reaches lower rates)")
+    if slo_json is not None:
+        few = [c for c in slo_json["curve"] if c["queries"] < STEADY_P99_QUERIES]
+        if few:
+            warnings.append(f"{len(few)} of {len(slo_json['curve'])} SLO steps answered fewer than "
+                            f"{STEADY_P99_QUERIES:,} queries (the fewest {min(c['queries'] for c in few)}): their p99 "
+                            f"rests on under {STEADY_P99_QUERIES // 100} queries beyond it, so noise can pass or "
+                            f"fail a step; --min-queries {STEADY_P99_QUERIES} runs each step until it has sent that many")
     if stability is not None and not stability["stable"]:
         warnings.append(f"not stable: the last {STABLE_WINDOWS} of {len(stability['windows'])} windows disagree by "
                         f"more than {config.stability_percent:g}% on p{config.stability_percentile:g}; the "

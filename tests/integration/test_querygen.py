@@ -164,6 +164,25 @@ def test_slo_search_finds_the_knee_of_a_serial_server(tmp_path: Path) -> None:
     assert all(r > slo["max_rate"] for r in failing)
     assert doc["target_rate"] == slo["max_rate"]
     assert (plots / "slo_curve.png").exists()
+    # 1-s steps at these rates answer far fewer than 1,000 queries: the document says their p99s are thin
+    assert slo["min_queries"] == 0
+    assert any(w.startswith(f"{len(curve)} of {len(curve)} SLO steps answered fewer than 1,000 queries")
+               for w in doc["warnings"]), doc["warnings"]
+
+
+def test_min_queries_runs_each_slo_step_until_it_has_sent_that_many(tmp_path: Path) -> None:
+    # --duration 0.2 at 50 q/s would be 10 queries a step; --min-queries 40 makes it 0.8 s and 40
+    with TestServerProcess(TestServerConfig({})) as server:
+        slo = _run(tmp_path, "minq", "--target", server.target, "--mode", "open", "--rate", "50",
+                   "--slo-p99-ms", "1000", "--duration", "0.2", "--min-queries", "40")
+        plain = _run(tmp_path, "plain", "--target", server.target, "--mode", "open", "--rate", "50",
+                     "--duration", "0.2")
+    curve = slo["slo"]["curve"]
+    assert slo["slo"]["min_queries"] == slo["workload"]["min_queries"] == 40
+    assert curve[0]["target_rate"] == 50 and curve[0]["queries"] == 40
+    # each step at least 40, and exactly its rate's share where 0.2 s holds more
+    assert all(c["queries"] == max(40, round(c["target_rate"] * 0.2)) for c in curve), curve
+    assert plain["queries"] == 10 and plain["workload"]["min_queries"] == 0
 
 
 def test_bench_querygen_prints_naive_beside_fast(capsys: pytest.CaptureFixture[str]) -> None:

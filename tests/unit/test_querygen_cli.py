@@ -47,6 +47,10 @@ def _one_line_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str], match:
         (["--mode", "open", "--rate", "10", "--processes", "1.5"], "--processes must be a whole number or auto"),
         (["--processes", "2"], "sequential sends one query at a time"),
         (["--mode", "closed", "--concurrency", "2", "--processes", "4"], "more than --concurrency 2"),
+        (["--mode", "open", "--rate", "10", "--min-queries", "-1"], "--min-queries must be >= 0"),
+        (["--min-queries", "100"], "use it with --mode open"),
+        (["--mode", "open", "--rate", "10", "--queries", "50", "--min-queries", "100"],
+         "give --queries or --min-queries"),
     ],
 )
 def test_bad_arguments(capsys: pytest.CaptureFixture[str], extra: list[str], match: str) -> None:
@@ -89,3 +93,15 @@ def test_the_platform_block_records_the_grpc_experiments_a_user_set(monkeypatch:
     assert platform_info.detect()["grpc_experiments"] is None  # gRPC's defaults
     monkeypatch.setenv("GRPC_EXPERIMENTS", "-event_engine_client")  # changes gRPC's cost per call
     assert platform_info.detect()["grpc_experiments"] == "-event_engine_client"
+
+
+def test_min_queries_lengthens_an_open_run_that_would_schedule_fewer() -> None:
+    from recpipe.querygen.config import QuerygenConfig
+    from recpipe.querygen.workload import fixed_candidates, open_schedule
+
+    config = QuerygenConfig("127.0.0.1:1", "open", fixed_candidates(10), rate=10.0, duration=2.0, min_queries=50)
+    assert config.window_s(10.0) == 5.0  # 2 s at 10 q/s is 20 queries: 5 s holds 50
+    assert config.window_s(100.0) == 2.0  # 2 s at 100 q/s holds 200 already
+    assert len(open_schedule(10.0, 0.0, config.window_s(10.0) or 0.0, 0)) == 50
+    plain = QuerygenConfig("127.0.0.1:1", "open", fixed_candidates(10), rate=10.0, duration=2.0)
+    assert plain.window_s(10.0) == 2.0
