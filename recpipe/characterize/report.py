@@ -19,6 +19,7 @@ from typing import Any
 from recpipe.characterize import datapaths
 from recpipe.config import STEPS
 from recpipe.gateway import STEP_STAGES
+from recpipe.querygen.config import STEADY_P99_QUERIES
 from recpipe.querygen.output import write_atomic
 from recpipe.querygen.plots import _COLORS, _figure, _save
 
@@ -176,13 +177,19 @@ def markdown(doc: dict[str, Any], charts: tuple[str, ...] = CHARTS) -> str:
                                 peak.get("attribution") if peak else None), *_gpu_line(sweep)]
     if slo := sec.get("slo"):
         out += ["## SLO search (highest open-loop rate with end-to-end p99 under the bound)", "",
-                "| p99 bound ms | max rate q/s | steps |", "|---|---|---|"]
+                "| p99 bound ms | max rate q/s | steps | queries at the knee (met / missed) |", "|---|---|---|---|"]
+        thin = False
         for srch in slo["searches"]:
             rate = srch["max_rate"]
+            counts = _knee_queries(srch)
+            thin = thin or any(n is not None and n < STEADY_P99_QUERIES for n in counts)
             out.append(f"| {srch['p99_bound_ms']:g} | {'none met' if rate is None else f'{rate:.1f}'} | "
-                       f"{len(srch['curve'])} |")
+                       f"{len(srch['curve'])} | {' / '.join('-' if n is None else str(n) for n in counts)} |")
         if slo.get("skipped_for_budget_ms"):
             out.append(f"\nNot searched (budget): {slo['skipped_for_budget_ms']}")
+        if thin:
+            out.append(f"\nA knee step under {STEADY_P99_QUERIES:,} queries rests its p99 on fewer than "
+                       f"{STEADY_P99_QUERIES // 100} queries beyond it: one or two slow queries can move that rate by a step.")
         out += [""]
         for srch in slo["searches"]:
             knee, bound = srch.get("knee") or {}, f"p99 <= {srch['p99_bound_ms']:g} ms"
@@ -206,6 +213,17 @@ def markdown(doc: dict[str, Any], charts: tuple[str, ...] = CHARTS) -> str:
     out += data_paths_markdown(doc)
     out += [f"![{c}]({c})" for c in charts]
     return "\n".join(out) + "\n"
+
+
+def _knee_queries(search: dict[str, Any]) -> tuple[int | None, int | None]:
+    """The queries answered at the search's knee: the step at its highest rate that met the bound and the
+    one at the lowest rate above it that missed (None where there is no such step)."""
+    rate = search["max_rate"]
+    curve = search["curve"]
+    missed = [c for c in curve if not c["meets_slo"] and (rate is None or c["target_rate"] > rate)]
+    met = next((c for c in curve if rate is not None and c["target_rate"] == rate), None)
+    low = min(missed, key=lambda c: c["target_rate"]) if missed else None
+    return tuple(None if c is None or "queries" not in c else int(c["queries"]) for c in (met, low))  # type: ignore[return-value]
 
 
 def _cpu_ms(v: float | None) -> str:

@@ -147,3 +147,22 @@ def test_an_slo_search_keeps_both_sides_of_its_knee_and_the_report_says_where_th
     lines = [line for line in report.markdown(doc, charts=()).splitlines() if "slowest 1%" in line]
     assert [line.split(",")[0:2] for line in lines] == [["p99 <= 20 ms", " at 150.0 q/s (the highest that met it)"],
                                                          ["p99 <= 20 ms", " at 175.0 q/s (the lowest above it that missed)"]]
+
+
+def test_the_slo_table_gives_the_queries_at_each_knee_and_flags_a_thin_one() -> None:
+    from recpipe.characterize import report
+
+    doc = json.loads((Path(__file__).parents[1] / "data" / "characterization_h200_03a97ac.json").read_text())
+    lines = report.markdown(doc, charts=()).splitlines()
+    assert "| 20 | 528.7 | 6 | 2644 / 2758 |" in lines and "| 50 | 666.6 | 6 | 3333 / 3448 |" in lines
+    # nothing met 10 ms: its lowest step, 115 queries, is a p99 from about one query beyond it
+    assert "| 10 | none met | 5 | - / 115 |" in lines
+    note = [line for line in lines if line.startswith("A knee step under 1,000 queries")]
+    assert len(note) == 1
+    # without the thin search, no note; a curve from before steps kept their counts shows "-"
+    searches = doc["sections"]["slo"]["searches"]
+    doc["sections"]["slo"]["searches"] = searches[1:]
+    assert not any(line.startswith("A knee step") for line in report.markdown(doc, charts=()).splitlines())
+    for step in searches[1]["curve"]:
+        del step["queries"]
+    assert "| 20 | 528.7 | 6 | - / - |" in report.markdown(doc, charts=()).splitlines()
