@@ -408,8 +408,8 @@ async def execute(config: QuerygenConfig, stream: TextIO | None = None) -> dict[
         few = [c for c in slo_json["curve"] if c["queries"] < STEADY_P99_QUERIES]
         if few:
             warnings.append(f"{len(few)} of {len(slo_json['curve'])} SLO steps answered fewer than "
-                            f"{STEADY_P99_QUERIES:,} queries (the fewest {min(c['queries'] for c in few)}): their p99 "
-                            f"rests on under {STEADY_P99_QUERIES // 100} queries beyond it, so noise can pass or "
+                            f"{STEADY_P99_QUERIES:,} queries (the fewest {min(c['queries'] for c in few)}): their p99s "
+                            f"rest on under {STEADY_P99_QUERIES // 100} queries beyond them, so noise can pass or "
                             f"fail a step; --min-queries {STEADY_P99_QUERIES} runs each step until it has sent that many")
     if stability is not None and not stability["stable"]:
         warnings.append(f"not stable: the last {STABLE_WINDOWS} of {len(stability['windows'])} windows disagree by "
