@@ -223,7 +223,11 @@ def _knee_queries(search: dict[str, Any]) -> tuple[int | None, int | None]:
     missed = [c for c in curve if not c["meets_slo"] and (rate is None or c["target_rate"] > rate)]
     met = next((c for c in curve if rate is not None and c["target_rate"] == rate), None)
     low = min(missed, key=lambda c: c["target_rate"]) if missed else None
-    return tuple(None if c is None or "queries" not in c else int(c["queries"]) for c in (met, low))  # type: ignore[return-value]
+
+    def count(step: dict[str, Any] | None) -> int | None:  # a curve from before steps kept it: None
+        return None if step is None or "queries" not in step else int(step["queries"])
+
+    return count(met), count(low)
 
 
 def _cpu_ms(v: float | None) -> str:

@@ -166,8 +166,8 @@ class QuerygenConfig:
         return DEFAULT_SLO_STEP_S if self.slo_p99_ms is not None else DEFAULT_DURATION_S
 
     def window_s(self, rate: float | None) -> float | None:
-        """Seconds an open-loop run at ``rate`` measures: ``measured_duration``, lengthened where it would
-        schedule fewer than ``min_queries`` queries (None outside open loop)."""
+        """Seconds an open-loop run at ``rate`` (queries/s) measures: ``measured_duration``, lengthened
+        where it would schedule fewer than ``min_queries`` queries."""
         planned = self.measured_duration
         if planned is None or not self.min_queries or not rate:
             return planned
