@@ -22,6 +22,7 @@ from recpipe.gateway import STEP_STAGES
 from recpipe.querygen.config import STEADY_P99_QUERIES
 from recpipe.querygen.output import write_atomic
 from recpipe.querygen.plots import _COLORS, _figure, _save
+from recpipe.querygen.slo import knee
 
 MARKDOWN = "report.md"
 CHARTS = ("curve.png", "stages.png", "split.png")
@@ -216,18 +217,14 @@ def markdown(doc: dict[str, Any], charts: tuple[str, ...] = CHARTS) -> str:
 
 
 def _knee_queries(search: dict[str, Any]) -> tuple[int | None, int | None]:
-    """The queries answered at the search's knee: the step at its highest rate that met the bound and the
-    one at the lowest rate above it that missed (None where there is no such step)."""
-    rate = search["max_rate"]
-    curve = search["curve"]
-    missed = [c for c in curve if not c["meets_slo"] and (rate is None or c["target_rate"] > rate)]
-    met = next((c for c in curve if rate is not None and c["target_rate"] == rate), None)
-    low = min(missed, key=lambda c: c["target_rate"]) if missed else None
-
-    def count(step: dict[str, Any] | None) -> int | None:  # a curve from before steps kept it: None
+    """The queries answered at the search's knee (``recpipe.querygen.slo.knee``): the step that met the
+    bound and the one above it that missed; None where there is no such step, or a curve from before
+    steps kept their counts."""
+    def count(step: dict[str, Any] | None) -> int | None:
         return None if step is None or "queries" not in step else int(step["queries"])
 
-    return count(met), count(low)
+    met, missed = knee(search["max_rate"], search["curve"])
+    return count(met), count(missed)
 
 
 def _cpu_ms(v: float | None) -> str:

@@ -23,6 +23,7 @@ from recpipe.characterize import cputime, datapaths, micro, ranking_batches
 from recpipe.characterize.gpu import BusySampler
 from recpipe.characterize.settings import MIN_GAIN, Settings, cap_reason, past_sweep_bound
 from recpipe.config import STEPS
+from recpipe.querygen import slo
 from recpipe.querygen.session import MIN_STEP_QUERIES
 from recpipe.serving.threads import usable_cores
 
@@ -291,10 +292,9 @@ def _knee_attribution(max_rate: float | None, curve: list[dict[str, Any]],
     """``knee``: where the queries' time went (querygen's ``attribution``) at the highest rate that met
     the bound (``met``) and at the lowest rate above it that did not (``missed``), each as {rate,
     attribution}; None where that side has no step."""
-    missed = [c["target_rate"] for c in curve if not c["meets_slo"] and (max_rate is None or c["target_rate"] > max_rate)]
-    sides = {"met": max_rate, "missed": min(missed) if missed else None}
-    return {"knee": {side: None if rate is None else {"rate": rate, "attribution": bands.get(rate)}
-                     for side, rate in sides.items()}}
+    met, missed = slo.knee(max_rate, curve)
+    return {"knee": {side: None if step is None else {"rate": step["target_rate"], "attribution": bands.get(step["target_rate"])}
+                     for side, step in (("met", met), ("missed", missed))}}
 
 
 async def _search(config: Any, bound_ms: float, start: float,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -90,3 +91,11 @@ async def find_max_rate(search: SloSearch, measure: Callable[[float], Awaitable[
             failing = mid
     curve.sort(key=lambda c: float(c["target_rate"]))
     return SloResult(passing, curve)
+
+
+def knee(max_rate: float | None, curve: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The two steps of a search's ``curve`` either side of its knee: the one at ``max_rate`` (the highest
+    that met the bound) and the lowest-rate one above it that missed; None where that side has none."""
+    met = next((c for c in curve if max_rate is not None and c["target_rate"] == max_rate), None)
+    missed = [c for c in curve if not c["meets_slo"] and (max_rate is None or c["target_rate"] > max_rate)]
+    return met, min(missed, key=lambda c: c["target_rate"]) if missed else None
