@@ -58,6 +58,12 @@ MIN_ROWS_BUCKET = 64
 MAX_ROWS = 4096
 #: Users (requests) per forward at most: the largest user bucket (the GPU batcher's default batch).
 MAX_USERS = 32
+#: A user's candidates meet its vectors through the folded weights (``_UserSplit._folded``) from this
+#: many on; fewer take the item x user dots themselves. The fold costs H*ni*nu*D multiply-adds once per
+#: user: for a user with a few candidates (the held-out rows ``recpipe train`` scores, a ranking stage's
+#: probe at load) that is most of the forward. fp32, 2-core AVX2 EPYC, one user: 1 candidate 89 against
+#: 28 us, 16: 104 against 84, 32: 118 against 132 (``_UserSplit`` docstring).
+FOLD_MIN_ROWS = 24
 
 
 def row_buckets() -> list[int]:
@@ -209,15 +215,17 @@ class Predictor:
 
     def score_batch(
         self, user_dense: np.ndarray, user_sparse: np.ndarray, item_dense: np.ndarray, item_sparse: np.ndarray,
-        counts: list[int],
+        counts: list[int], one_forward: bool = False,
     ) -> np.ndarray:
         """B users' candidates in one forward: (B, Du), (B, U), (N, Di), (N, I) with N = sum(counts),
-        the first counts[0] items belonging to user 0 and so on -> (N,) float32 probabilities."""
+        the first counts[0] items belonging to user 0 and so on -> (N,) float32 probabilities.
+        ``one_forward``: one forward even where serving runs one per user (``per_user``): int8 then
+        scales its activations over every user's rows, what ``recpipe train``'s precision AUC wants."""
         runner = self._runner
         if runner is None:
             raise RuntimeError("score_batch needs set_user_tables() first")
         b, n = len(counts), int(sum(counts))
-        if b > 1 and self.per_user:
+        if b > 1 and self.per_user and not one_forward:
             return self._score_per_user(user_dense, user_sparse, item_dense, item_sparse, counts)
         users, rows = self._bucketed(b, n) if runner.padded else (b, n)
         unwarmed = self.sealed and (users, rows) not in self.warmed
@@ -378,6 +386,9 @@ class _UserSplit(nn.Module):
     Where items gather their users' vectors (static shapes for CUDA graphs, several users per forward) the
     fold cannot apply, and ``item_vec_first`` and ``item_user_first`` take every item x user dot. The
     folded weights are computed per call, so the int8 form quantizes every ``nn.Linear`` but not them.
+    A user with fewer than ``FOLD_MIN_ROWS`` candidates on the eager CPU path skips the fold
+    (``_unfolded``): its items' dots with its vectors times the same unquantized weights, the same sum in
+    another order. Which way a user's rows go depends on its own count only, never on its batch-mates.
     """
 
     user_src: torch.Tensor
@@ -455,17 +466,48 @@ class _UserSplit(nn.Module):
         u, h0 = self._users(ud, us)
         item_vec, item_emb, v = self._items(idn, isp)
         flat = v.flatten(1)  # (N, ni*D)
-        if seg is None:  # one user: its vectors folded into the item columns' weights
-            h_items = h0 + flat @ self._folded(u)[0].T
+        if seg is None:  # one user: its vectors folded into the item columns' weights (unless it has few items)
+            h_items = h0 + (flat @ self._folded(u)[0].T if flat.shape[0] >= FOLD_MIN_ROWS else self._unfolded(v, u, None))
         elif self.gather_segments:  # static shapes (CUDA graphs): each item gathers its user's vectors
             vu = torch.bmm(v, u.index_select(0, seg).transpose(1, 2)).flatten(1)
             h_items = h0.index_select(0, seg) + self.item_vec_first(item_vec) + self.item_user_first(vu)
         else:  # one matmul per user over its contiguous items: far cheaper on a CPU than N tiny ones
-            counts = torch.bincount(seg, minlength=u.shape[0]).tolist()
-            folded = self._folded(u)
-            h_items = torch.cat([h0[i] + part @ folded[i].T
-                                 for i, part in enumerate(torch.split(flat, counts)) if part.shape[0]])
+            h_items = self._per_user(h0, u, v, flat, seg)
         return self._top(h_items, self._item_dots(v), ud, idn, item_emb, seg)
+
+    def _per_user(self, h0: torch.Tensor, u: torch.Tensor, v: torch.Tensor, flat: torch.Tensor,
+                  seg: torch.Tensor) -> torch.Tensor:
+        """The first layer's user-dependent part for rows in user order (seg (N,)): each user's rows times
+        its folded weights, one matmul per user, or, for users with fewer than ``FOLD_MIN_ROWS`` rows,
+        their dots unfolded in one pass over all of them -> (N, H)."""
+        counts = torch.bincount(seg, minlength=u.shape[0]).tolist()
+        few = [c < FOLD_MIN_ROWS for c in counts]
+        if all(few):
+            return h0.index_select(0, seg) + self._unfolded(v, u, seg)
+        many = [i for i, f in enumerate(few) if not f]
+        folded = dict(zip(many, self._folded(u[many]), strict=True))
+        unfolded: list[torch.Tensor] = []
+        if any(few):
+            rows = torch.tensor(few, device=seg.device).index_select(0, seg).nonzero().squeeze(1)
+            at = seg.index_select(0, rows)
+            unfolded = list(torch.split(h0.index_select(0, at) + self._unfolded(v.index_select(0, rows), u, at),
+                                        [c for c, f in zip(counts, few, strict=True) if f]))
+        parts, k = [], 0
+        for i, part in enumerate(torch.split(flat, counts)):
+            if i in folded:
+                parts.append(h0[i] + part @ folded[i].T)
+            else:
+                parts.append(unfolded[k])
+                k += 1
+        return torch.cat(parts)
+
+    def _unfolded(self, v: torch.Tensor, u: torch.Tensor, seg: torch.Tensor | None) -> torch.Tensor:
+        """(n, ni, D) items, (B, nu, D) users and seg (n,) each item's user (None: user 0) -> (n, H): the
+        item vector's and the item x user dots' part of the first layer, the sum ``_folded`` takes over
+        the same weights, without folding: every item's dots with its user's vectors, then one matmul."""
+        mine = u[0].T if seg is None else u.index_select(0, seg).transpose(1, 2)
+        vu = torch.matmul(v, mine).flatten(1)  # (n, ni*nu)
+        return vu @ self.w_iu_fold.view(self.hidden, -1).T + v[:, 0] @ self.w_vec_fold[:, 0].T
 
     def _users(self, ud: torch.Tensor, us: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """ud (B, Du), us (B, U) -> the users' vectors (B, nu, D) and their first-layer part h0 (B, H)."""

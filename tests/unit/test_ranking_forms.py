@@ -11,7 +11,7 @@ import torch
 from recpipe.errors import ArtifactMismatch, UsageError
 from recpipe.ranking import precision
 from recpipe.ranking.model import DLRM, DLRMConfig, LowRankCrossNet
-from recpipe.ranking.predictor import Predictor, user_split
+from recpipe.ranking.predictor import FOLD_MIN_ROWS, Predictor, user_split
 
 SIZES = (7, 3, 11, 5, 2, 9)  # 4 "user" + 2 "item" tables
 #: a wide part over the products of user dense columns 1-3 with item dense columns 0-2 and the last table
@@ -59,9 +59,11 @@ def test_cross_layer_is_the_dcn_v2_formula() -> None:
 
 @pytest.mark.parametrize("interaction", ["dot", "dcn"])
 @pytest.mark.parametrize("graphs", ["eager", "padded"])
-@pytest.mark.parametrize("counts", [[25], [5, 1, 12]])
+# one user folded (25 >= FOLD_MIN_ROWS) or not (3); several users all unfolded, or some of each
+@pytest.mark.parametrize("counts", [[25], [3], [5, 1, 12], [30, 2, 40, 1]])
 @pytest.mark.parametrize("wide", [False, True])
 def test_factorised_forward_equals_the_plain_one(interaction: str, graphs: str, counts: list[int], wide: bool) -> None:
+    assert 12 < FOLD_MIN_ROWS <= 25  # the counts above take both ways
     model = model_with(interaction, wide=wide)
     assert (model.wide is not None) == wide
     predictor = Predictor(model, torch.device("cpu"), graphs)
@@ -207,14 +209,18 @@ def test_the_probe_check_measures_the_largest_probability_move_and_the_auc_delta
     shuffled = probes.check("int8", ref, g.permutation(ref), labelled)  # the order lost: the AUC moves
     assert shuffled.auc_delta is not None and shuffled.auc_delta != pytest.approx(0.0)
     assert probes.check("int8", ref, ref, rows).auc_delta is None  # no labels, no AUC
-    # the probe's scores are what the predictor gives each user's rows alone
+    # the probe's scores are what the predictor gives runs of whole users up to a request's candidates
+    # (here all three users' 120 rows in one forward), and equal each user's alone up to rounding
     model = model_with("dot")
     predictor = Predictor(model, torch.device("cpu"))
     predictor.set_user_tables(4)
     scores = probes.scores(predictor, rows)
-    first = predictor.score_batch(rows.user_dense[:1], rows.user_sparse[:1], rows.item_dense[:40],
-                                  rows.item_sparse[:40], [40])
-    np.testing.assert_array_equal(scores[:40], first)
+    together = predictor.score_batch(rows.user_dense, rows.user_sparse, rows.item_dense, rows.item_sparse, [40] * 3)
+    np.testing.assert_array_equal(scores, together)
+    alone = np.concatenate([predictor.score_batch(*user) for user in rows.users()])
+    np.testing.assert_allclose(scores, alone, rtol=0, atol=1e-6)
+    assert list(probes.user_runs(np.array([3, 600, 2, 2, 499]), 500)) == [(0, 1), (1, 2), (2, 4), (4, 5)]
+    assert [run[4] for run in probes.synthetic(limits, users=3, per_user=300).chunks(500)] == [[300]] * 3
 
 
 def _compiles() -> int:
