@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from recpipe.characterize import datapaths, report, settings
+from recpipe.characterize import cpu_probe, datapaths, report, settings
 from recpipe.config import STEPS
 from recpipe.querygen.compare import speedup
 from recpipe.querygen.output import write_atomic
@@ -27,6 +27,9 @@ from recpipe.querygen.plots import _COLORS, _figure, _save
 
 Runs = Sequence[tuple[str, dict[str, Any]]]
 CHARTS = ("curves.png", "stages.png")
+#: two documents naming the same CPU whose probes differ by more than this factor get a warning
+CPU_SPEED_TOLERANCE = 1.15
+
 #: settings shown side by side (varied by a comparison, so not refused)
 _VARIED = ("device", "threads", "replicas", "workers", "serve_args", "data", "models")
 
@@ -80,10 +83,13 @@ def markdown(runs: Runs, unlike: Sequence[str] = (), charts: Sequence[str] = CHA
                 "compare unlike things (compared anyway with --force):** " + "; ".join(unlike), ""]
     out += ["| | " + " | ".join(labels) + " |", "|---|" + "---|" * len(runs)]
     out.append("| platform | " + " | ".join(report.title(doc).replace("|", "/") for _, doc in runs) + " |")
+    probes = [(doc["sections"].get("platform") or {}).get("cpu_probe") for _, doc in runs]
+    out.append("| CPU probe | " + " | ".join(cpu_probe.describe(p) for p in probes) + " |")
     for key in _VARIED:
         out.append(f"| {key} | " + " | ".join(str(settings.value(doc["settings"], key)) for _, doc in runs) + " |")
     out.append("| sections | " + " | ".join(", ".join(doc["sections"]) for _, doc in runs) + " |")
     out += [""]
+    out += cpu_speed_warnings(runs)
     out += _sequential(runs) + _cpu(runs) + _sweep(runs) + _slo(runs) + _micro(runs) + _data_paths(runs)
     if others:
         out += ["## Verdict", ""]
@@ -92,6 +98,24 @@ def markdown(runs: Runs, unlike: Sequence[str] = (), charts: Sequence[str] = CHA
         out.append("")
     out += [f"![{c}]({c})" for c in charts]
     return "\n".join(out) + "\n"
+
+
+def cpu_speed_warnings(runs: Runs) -> list[str]:
+    """A paragraph for each document that names the base's CPU but ran its probe (``cpu_probe``) more than
+    ``CPU_SPEED_TOLERANCE`` faster or slower: its CPU-bound figures measure that machine's state."""
+    base_label, base = runs[0]
+    plat = base["sections"].get("platform") or {}
+    out = []
+    for label, doc in runs[1:]:
+        other = doc["sections"].get("platform") or {}
+        ratio = cpu_probe.speed_ratio(plat.get("cpu_probe"), other.get("cpu_probe"))
+        if ratio is None or other.get("cpu") != plat.get("cpu") or 1 / CPU_SPEED_TOLERANCE <= ratio <= CPU_SPEED_TOLERANCE:
+            continue
+        out += [f"**Warning: {label} and {base_label} name the same CPU ({plat.get('cpu')}), but {label}'s ran the "
+                f"CPU probe {ratio:.2f}x as fast** (SHA-256 and matmul, one thread): its figures that the CPU "
+                "bounds (stage and hop times, CPU per query, throughput) measure that machine's state as much as "
+                "the code. Compare runs from one machine, or rerun where the probes agree.", ""]
+    return out
 
 
 def verdict(label: str, base: dict[str, Any], run: dict[str, Any]) -> str:

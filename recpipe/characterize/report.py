@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from recpipe.characterize import datapaths
+from recpipe.characterize import cpu_probe, datapaths
 from recpipe.config import STEPS
 from recpipe.gateway import STEP_STAGES
 from recpipe.querygen.config import STEADY_P99_QUERIES
@@ -142,6 +142,7 @@ def markdown(doc: dict[str, Any], charts: tuple[str, ...] = CHARTS) -> str:
         libs = ", ".join(f"{k} {v}" for k, v in (plat.get("libraries") or {}).items())
         out += ["## Platform", "", f"- CPU: {plat['cpu']}, {plat['cores']} cores ({plat['usable_cores']} usable)",
                 f"- memory: {mem / 2**30:.1f} GiB" if mem else "- memory: ?", f"- GPU: {gpus}",
+                f"- CPU probe: {cpu_probe.describe(plat.get('cpu_probe'))}",
                 f"- OS: {plat['os']}, Python {plat['python']}", f"- libraries: {libs}", ""]
     out += ["## Settings", "", "| setting | value |", "|---|---|"]
     out += [f"| {k} | {v} |" for k, v in s.items() if k != "sizes"]

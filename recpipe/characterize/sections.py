@@ -19,7 +19,7 @@ from typing import Any
 
 from recpipe.accel.traffic import KEY as TRAFFIC_KEY
 from recpipe.accel.traffic import Traffic
-from recpipe.characterize import cputime, datapaths, micro, ranking_batches
+from recpipe.characterize import cpu_probe, cputime, datapaths, micro, ranking_batches
 from recpipe.characterize.gpu import BusySampler
 from recpipe.characterize.settings import MIN_GAIN, Settings, cap_reason, past_sweep_bound
 from recpipe.config import STEPS
@@ -36,7 +36,8 @@ def say(message: str) -> None:
 
 
 def platform_section(settings: Settings) -> dict[str, Any]:
-    """The generator's machine (CPU, cores, memory, GPU, driver, libraries)."""
+    """The generator's machine (CPU, cores, memory, GPU, driver, libraries), and how fast its CPU ran
+    fixed work as the characterization started (``cpu_probe``)."""
     from recpipe.querygen import platform_info
 
     out = platform_info.detect()
@@ -50,6 +51,7 @@ def platform_section(settings: Settings) -> dict[str, Any]:
                              "threads": torch.get_num_threads()}
     except ImportError:
         out["torch_cuda"] = {"available": False}
+    out["cpu_probe"] = cpu_probe.probe()
     return out
 
 

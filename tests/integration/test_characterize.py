@@ -38,6 +38,7 @@ def test_characterize_quick_resumes_reports_and_compares(
     assert (s["quick"], s["device"], s["threads"], s["num_candidates"]) == (True, "cpu", "1", 500)
     sec = doc["sections"]
     assert sec["platform"]["cores"] >= 1 and sec["platform"]["memory_bytes"] > 0
+    assert sec["platform"]["cpu_probe"]["sha256_mbps"]["best"] > 0  # how fast this CPU ran: report compares it
     seq = sec["sequential"]
     assert seq["queries"] == s["sizes"]["sequential_queries"] and seq["errors"] == 0
     for stage in STEPS:
@@ -78,6 +79,7 @@ def test_characterize_quick_resumes_reports_and_compares(
     assert {r["what"].split()[0] for r in benches[1]["recalls"]} == {"served", "fp16", "bf16"}
     report = a / "report"
     assert "## Closed-loop concurrency sweep" in (report / MARKDOWN).read_text()
+    assert "- CPU probe: " in (report / MARKDOWN).read_text() and "MB/s SHA-256" in (report / MARKDOWN).read_text()
     assert "_not measured: CPU run (--device cpu)._" in (report / MARKDOWN).read_text()
     # where the slowest 1% went, sequential and at the sweep's peak: the same queries' parts
     peak = next(p for p in points if p["concurrency"] == sec["sweep"]["peak_concurrency"])
