@@ -220,7 +220,8 @@ class Predictor:
         """B users' candidates in one forward: (B, Du), (B, U), (N, Di), (N, I) with N = sum(counts),
         the first counts[0] items belonging to user 0 and so on -> (N,) float32 probabilities.
         ``one_forward``: one forward even where serving runs one per user (``per_user``): int8 then
-        scales its activations over every user's rows, what ``recpipe train``'s precision AUC wants."""
+        scales its activations over every user's rows, as a request's size of held-out rows wants them
+        (``recpipe.ranking.probe.scores``, ``recpipe train``'s precision AUC)."""
         runner = self._runner
         if runner is None:
             raise RuntimeError("score_batch needs set_user_tables() first")
