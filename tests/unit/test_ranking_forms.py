@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import numpy as np
@@ -138,6 +139,15 @@ def test_lower_precisions_stay_close_to_fp32_and_leave_its_weights_alone(interac
     for k, v in model.state_dict().items():
         torch.testing.assert_close(v, before[k])
     assert low.compiled == (form == "bf16")  # bf16 runs compiled (this CPU has a compiler), int8 eagerly
+    if form == "int8":  # served one user per forward; one_forward (the probe, train's AUC) scales over both
+        assert low.per_user
+        ud, us, idn, isp = args
+        bounds = np.r_[0, np.cumsum(counts)]
+        alone = [low.score_batch(ud[i : i + 1], us[i : i + 1], idn[lo:hi], isp[lo:hi], [int(hi - lo)])
+                 for i, (lo, hi) in enumerate(itertools.pairwise(bounds))]
+        np.testing.assert_array_equal(got, np.concatenate(alone))
+        together = low.score_batch(*args, counts, one_forward=True)
+        assert not np.array_equal(together, got) and np.abs(together - ref).max() < 0.05
     # the item x item triangle where the dot interaction runs eagerly; the full Gram matrix compiled
     assert (fp32.gram_pairs, low.gram_pairs) == (interaction != "dcn", interaction != "dcn" and form != "bf16")
     if form == "bf16":  # compiled with dynamic shapes: another candidate count, the same answers as eager
