@@ -224,7 +224,7 @@ class Session:
         assert self.send is not None, "open() first"
         warm = cfg.warmup if warmup is None else warmup
         offered = cfg.arrivals.mean_rate if cfg.arrivals is not None else rate
-        planned = cfg.window_s(offered) if cfg.mode == "open" else cfg.measured_duration
+        planned = cfg.window_s(offered)  # measured_duration, unless --min-queries (open loop only) lengthens it
         total_queries = cfg.queries if cfg.mode != "open" else None
         n, why = senders.plan(cfg.processes, cfg.mode, offered, cfg.concurrency, usable_cores())
         concurrency = cfg.concurrency if cfg.mode == "closed" else 1
