@@ -68,6 +68,7 @@ def curve_figure(runs: list[tuple[str, dict[str, Any]]]) -> Any:
         ax.text(0.5, 0.5, "no sweep points", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("throughput (queries/s)")
     ax.set_ylabel("end-to-end latency (ms)")
+    ax.margins(y=0.1)  # room above the highest point for its client count
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     if drawn:
@@ -96,6 +97,8 @@ def stages_figure(doc: dict[str, Any]) -> Any:
     else:
         ax.set_ylim(top=max(bottom) * 1.35)  # room for the legend above the bars
         ax.legend(fontsize=8, ncols=2)
+        if len(columns) > 8:  # a sweep to 256 clients: ten labels would run into each other
+            ax.tick_params(axis="x", labelrotation=30)
     ax.set_ylabel("per-stage p50, stacked (ms)")
     ax.set_xlabel("run")
     ax.set_title("per-stage latency stack (p50 of each stage as the gateway saw it)", fontsize=10)
