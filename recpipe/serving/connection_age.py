@@ -20,10 +20,10 @@ from recpipe.errors import UsageError
 MAX_CONNECTION_AGE_ENV = "RECPIPE_MAX_CONNECTION_AGE"
 MAX_CONNECTION_AGE_GRACE_ENV = "RECPIPE_MAX_CONNECTION_AGE_GRACE"
 #: 30 s: a replica added to a name gets traffic at each client's next reconnect, so within about
-#: that long (BENCHMARKS.md, issue 22). Shorter buys nothing: a client's DNS resolver waits at least
-#: 30 s between two resolutions (grpc.dns_min_time_between_resolutions_ms), so it would only reconnect
-#: to the addresses it has (measured: a 5 s age found the replica at 30 s too). A reconnect every 30 s
-#: per client and server is one TCP + HTTP/2 handshake, and calls in flight are not failed.
+#: that long (BENCHMARKS.md, issue 22). A shorter age finds it sooner: recpipe's channels re-resolve at
+#: most once a second (``channels.DNS_MIN_RESOLUTION_INTERVAL_MS``; gRPC's own minimum, 30 s, made a
+#: 5 s age find the replica at 30 s too). A reconnect every 30 s per client and server is one TCP +
+#: HTTP/2 handshake, and calls in flight are not failed.
 DEFAULT_MAX_CONNECTION_AGE_S = 30.0
 #: 10 s: the default deadline of recpipe's clients (recommend, querygen), so the connection is only
 #: closed under a call that has already outlived its caller.

@@ -3,7 +3,9 @@
 gRPC resolves a ``dns:///`` name when a channel connects and again only when a connection drops, so a
 long-lived gateway channel would never see a replica scaled up later. Every recpipe server closes a
 client connection after ``--max-connection-age`` (default 30 s; gRPC sends GOAWAY and lets RPCs in
-flight finish), the client reconnects, re-resolves and round_robin adds the new address.
+flight finish), the client reconnects, re-resolves and round_robin adds the new address. The pair under
+test runs a 3 s age: recpipe's channels re-resolve at most once a second (gRPC's own minimum is 30 s),
+so the replica must be found within about 3 s, far below what gRPC's minimum alone would allow.
 
 Here on loopback: a real DNS server (dnslib) answers ``ranking.recpipe.test`` with 127.0.0.1, and
 after the gateway has been serving for a moment with 127.0.0.1 and 127.0.0.2; the gateway's target is
@@ -28,15 +30,18 @@ from dnslib.server import DNSLogger, DNSServer
 
 from recpipe.client import RecommendClient
 from recpipe.errors import RecpipeError
-from recpipe.serving.connection_age import DEFAULT_MAX_CONNECTION_AGE_S, ConnectionAge
+from recpipe.serving.connection_age import ConnectionAge
 from recpipe.serving.server import StageServer
 
 pytestmark = pytest.mark.slow
 
 RANK_METHOD = "RankingService/Rank"
-#: Longest wait for the new replica: the age plus gRPC's +-10 % jitter, the resolver's 30 s minimum
-#: between resolutions, and a loaded 2-core machine's slack.
-DISCOVERY_TIMEOUT_S = DEFAULT_MAX_CONNECTION_AGE_S * 1.1 + 30.0
+#: The connection age of the pair under test (the default, 30 s, works the same way, ten times slower).
+AGE_S = 3.0
+#: Longest wait for the new replica: the age plus gRPC's +-10 % jitter, recpipe's 1 s minimum between
+#: resolutions (``channels.DNS_MIN_RESOLUTION_INTERVAL_MS``) and a loaded 2-core machine's slack; under
+#: gRPC's own 30 s minimum, which the first resolution at the gateway's start would still hold, it fails.
+DISCOVERY_TIMEOUT_S = AGE_S * 1.1 + 10.0
 
 
 class Zone:
@@ -135,19 +140,19 @@ def test_gateway_finds_a_replica_added_after_it_started(
         except Exception as e:  # a sandbox without the 127.0.0.0/8 aliases cannot host this test
             pytest.fail(f"cannot start a ranking replica on {host}:{port}: {e}")
 
-    default, off = ConnectionAge(), ConnectionAge(max_age_s=0)
+    aged, off = ConnectionAge(max_age_s=AGE_S), ConnectionAge(max_age_s=0)
     loads: list[Load] = []
     threads: list[threading.Thread] = []
     try:
-        # The pair under test (recpipe's default age) and the control (age off), side by side.
-        first = ranking("127.0.0.1", 0, default)
+        # The pair under test (a 3 s age) and the control (age off), side by side.
+        first = ranking("127.0.0.1", 0, aged)
         ctl_first = ranking("127.0.0.3", first.port, off)
         zone.set("ranking.recpipe.test", ["127.0.0.1"])
         zone.set("control.recpipe.test", ["127.0.0.3"])
         gateways = [
             start(GatewayStage(serving_chain.features.address, serving_chain.retrieval.address,
                                f"dns://127.0.0.1:{dns_port}/{name}.recpipe.test:{first.port}"),
-                  "127.0.0.1", 0, default)
+                  "127.0.0.1", 0, aged)
             for name in ("ranking", "control")
         ]
         gateway_started = time.monotonic()
@@ -160,7 +165,7 @@ def test_gateway_finds_a_replica_added_after_it_started(
             time.sleep(0.05)
 
         # Scale up: the new replicas are SERVING, then the names answer with both addresses.
-        second = ranking("127.0.0.2", first.port, default)
+        second = ranking("127.0.0.2", first.port, aged)
         ctl_second = ranking("127.0.0.4", first.port, off)
         zone.set("ranking.recpipe.test", ["127.0.0.1", "127.0.0.2"])
         zone.set("control.recpipe.test", ["127.0.0.3", "127.0.0.4"])
@@ -183,7 +188,7 @@ def test_gateway_finds_a_replica_added_after_it_started(
 
     lag, since_start = found - added, found - gateway_started
     print(f"\nnew replica's first Rank call {lag:.1f} s after DNS answered it "
-          f"({since_start:.1f} s after the gateway started; max connection age {default.max_age_s:g} s); "
+          f"({since_start:.1f} s after the gateway started; max connection age {aged.max_age_s:g} s); "
           f"control (age off) replica 2: {control:.0f} Rank calls over {time.monotonic() - added:.1f} s; "
           f"Recommend calls: {loads[0].ok} ok, {len(loads[0].errors)} failed")
     assert not loads[0].errors, loads[0].errors[:3]  # no call failed across the GOAWAYs and reconnects
