@@ -107,12 +107,22 @@ def test_characterize_quick_resumes_reports_and_compares(
     assert _characterize(a, small_dataset, small_models, "--threads", "2") == 2
     assert "threads '1' vs '2'" in capsys.readouterr().err
 
-    # the budget: nothing starts once it is spent, and the document says so; a rerun resumes
-    assert _characterize(b, small_dataset, small_models, "--threads", "2", "--budget-s", "1e-9") == 0
-    assert _load(b)["sections"] == {} and set(_load(b)["not_run"]) == set(document.SECTIONS)
+    # the budget: nothing starts once it is spent, and the document says so
+    spent = tmp_path / "spent"
+    assert _characterize(spent, small_dataset, small_models, "--threads", "2", "--budget-s", "1e-9") == 0
+    assert _load(spent)["sections"] == {} and set(_load(spent)["not_run"]) == set(document.SECTIONS)
     assert "not started, the budget" in capsys.readouterr().err
-    assert _characterize(b, small_dataset, small_models, "--threads", "2") == 0
-    assert list(_load(b)["sections"]) == list(document.SECTIONS)
+    # a rerun resumes where a budget stopped: a's document less its last section runs that section alone
+    # (a whole run from nothing done is a's first run above: the same code)
+    partial = _load(a)
+    del partial["sections"]["data_paths"]
+    partial["not_run"] = {"data_paths": "budget of 30 s spent"}
+    b.mkdir()
+    (b / document.FILENAME).write_text(json.dumps(partial))
+    assert _characterize(b, small_dataset, small_models, "--threads", "1") == 0
+    err = capsys.readouterr().err
+    assert "sequential: finished in an earlier run, skipped" in err and "data_paths: done in" in err
+    assert list(_load(b)["sections"]) == list(document.SECTIONS) and _load(b)["not_run"] == {}
 
     # report A B: section by section, with speed-ups
     capsys.readouterr()
