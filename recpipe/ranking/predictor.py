@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -487,20 +487,14 @@ class _UserSplit(nn.Module):
             return h0.index_select(0, seg) + self._unfolded(v, u, seg)
         many = [i for i, f in enumerate(few) if not f]
         folded = dict(zip(many, self._folded(u[many]), strict=True))
-        unfolded: list[torch.Tensor] = []
+        unfolded: Iterator[torch.Tensor] = iter(())  # the few-row users' parts, in user order
         if any(few):
             rows = torch.tensor(few, device=seg.device).index_select(0, seg).nonzero().squeeze(1)
             at = seg.index_select(0, rows)
-            unfolded = list(torch.split(h0.index_select(0, at) + self._unfolded(v.index_select(0, rows), u, at),
+            unfolded = iter(torch.split(h0.index_select(0, at) + self._unfolded(v.index_select(0, rows), u, at),
                                         [c for c, f in zip(counts, few, strict=True) if f]))
-        parts, k = [], 0
-        for i, part in enumerate(torch.split(flat, counts)):
-            if i in folded:
-                parts.append(h0[i] + part @ folded[i].T)
-            else:
-                parts.append(unfolded[k])
-                k += 1
-        return torch.cat(parts)
+        return torch.cat([h0[i] + part @ folded[i].T if i in folded else next(unfolded)
+                          for i, part in enumerate(torch.split(flat, counts))])
 
     def _unfolded(self, v: torch.Tensor, u: torch.Tensor, seg: torch.Tensor | None) -> torch.Tensor:
         """(n, ni, D) items, (B, nu, D) users and seg (n,) each item's user (None: user 0) -> (n, H): the
