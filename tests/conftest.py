@@ -20,11 +20,18 @@ one copy (building them costs a few seconds; tests that do not ask pay nothing).
     (stop them with ``serving_threads.stop(server)``).
 ``dataset_info`` -> dict
     ``num_users`` and ``num_items`` of ``small_dataset`` (read from the feature stage's InfoService).
+``quick_characterization`` -> ``Characterization``
+    The README's ``recpipe characterize --out char-a --data data --models models --threads 1 --quick``
+    over ``small_dataset``/``small_models``, with ``--device cpu``: its directory (``out``) and what it
+    printed (``stdout``, ``stderr``). About 20 s, so it runs once: tests that change it copy it first.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -58,6 +65,28 @@ def small_models(small_dataset: Path, tmp_path_factory: pytest.TempPathFactory) 
     if rc != 0:
         pytest.fail(f"recpipe train failed with exit code {rc}")
     return out
+
+
+@dataclass(frozen=True)
+class Characterization:
+    out: Path
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture(scope="session")
+def quick_characterization(small_dataset: Path, small_models: Path,
+                           tmp_path_factory: pytest.TempPathFactory) -> Characterization:
+    from recpipe.cli import main
+
+    out = tmp_path_factory.mktemp("recpipe-characterization") / "char-a"
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        rc = main(["characterize", "--out", str(out), "--data", str(small_dataset), "--models", str(small_models),
+                   "--threads", "1", "--quick", "--device", "cpu"])
+    if rc != 0:
+        pytest.fail(f"recpipe characterize failed with exit code {rc}: {stderr.getvalue()[-2000:]}")
+    return Characterization(out, stdout.getvalue(), stderr.getvalue())
 
 
 @pytest.fixture(scope="session")

@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import Characterization
 from locust_stats import final_stats
 
 from recpipe.cli import main
@@ -122,7 +123,8 @@ CASES: dict[str, tuple[str, str]] = {
     "recpipe report x86.json gh200.json --labels x86+H100,GH200 --out report/":
         (RUN, "x86.json and gh200.json are two sequential runs"),
     "recpipe characterize --out char-a --data data --models models --threads 1 --quick":
-        (RUN, "as written (--quick); tests/integration/test_characterize.py checks its sections"),
+        (RUN, "the session fixture quick_characterization runs it (with --device cpu) once for this test and "
+              "tests/integration/test_characterize.py, which checks its sections"),
     "recpipe report char-a char-b --out char-report/": (RUN, "char-b is a copy of char-a"),
     "recpipe bench datagen --scale 1": (RUN, "--scale 0.002"),
     "recpipe bench preprocess --data D": (SKIP, "needs the NVTabular venv (tests/nvtabular)"),
@@ -273,7 +275,7 @@ def _locust_env() -> dict[str, str]:
 
 def test_every_readme_command_works_at_small_scale(
     clone: Path, served: tuple[dict[str, int], subprocess.Popen[str]], small_models: Path, small_dataset: Path,
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    quick_characterization: Characterization, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     ports, _ = served
     monkeypatch.chdir(clone)
@@ -330,10 +332,11 @@ def test_every_readme_command_works_at_small_scale(
     out = _ok(_argv(case("recpipe report x86.json gh200.json --labels x86+H100,GH200 --out report/"), ports), capsys)
     assert "GH200" in out and sorted(p.name for p in Path("report").iterdir()) == [
         "comparison.png", "latency_cdf.png", "report.md", "stages.png"]
-    # --- characterize, and report on two characterizations ---
-    out = _ok(_argv(case("recpipe characterize --out char-a --data data --models models --threads 1 --quick"),
-                    ports), capsys)
-    assert out.startswith("characterization: ") and (Path("char-a") / "report" / "curve.png").exists()
+    # --- characterize (the session's quick_characterization ran it), and report on two characterizations ---
+    done.add(case("recpipe characterize --out char-a --data data --models models --threads 1 --quick"))
+    shutil.copytree(quick_characterization.out, "char-a")
+    assert quick_characterization.stdout.startswith("characterization: ")
+    assert (Path("char-a") / "report" / "curve.png").exists()
     shutil.copytree("char-a", "char-b")
     out = _ok(_argv(case("recpipe report char-a char-b --out char-report/"), ports), capsys)
     assert "## Sequential per-stage latency" in out and Path("char-report/curves.png").exists()
