@@ -24,6 +24,11 @@ one copy (building them costs a few seconds; tests that do not ask pay nothing).
     The README's ``recpipe characterize --out char-a --data data --models models --threads 1 --quick``
     over ``small_dataset``/``small_models``, with ``--device cpu``: its directory (``out``) and what it
     printed (``stdout``, ``stderr``). About 20 s, so it runs once: tests that change it copy it first.
+``bf16_ranking`` -> ``recpipe.ranking.core.RankingCore``
+    ``RankingCore.load(small_models, device="cpu", precision="bf16")`` with bf16 taken as native whatever
+    this CPU has (emulated where it is not: slower, the same shapes and the same compiler), so every
+    machine kind runs the compiled path. Compiling and warming its 21 shapes costs 10-15 s, so it loads
+    once; its users only rank with it.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import pytest
 
 if TYPE_CHECKING:
     from recpipe.inprocess import ChainServers
+    from recpipe.ranking.core import RankingCore
     from recpipe.serving.server import ServerThread
 
 #: Scale of the shared test dataset (1.0 = 221k users, 850k items, 4M interactions).
@@ -87,6 +93,16 @@ def quick_characterization(small_dataset: Path, small_models: Path,
     if rc != 0:
         pytest.fail(f"recpipe characterize failed with exit code {rc}: {stderr.getvalue()[-2000:]}")
     return Characterization(out, stdout.getvalue(), stderr.getvalue())
+
+
+@pytest.fixture(scope="session")
+def bf16_ranking(small_models: Path) -> RankingCore:
+    from recpipe.ranking import precision
+    from recpipe.ranking.core import RankingCore
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(precision, "native_bf16", lambda flags=None: True)
+        return RankingCore.load(small_models, device="cpu", precision="bf16")
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,9 @@
 """A ranking stage serving the compiled bf16 form, over real gRPC: nothing compiles after SERVING,
 whatever the candidate count (1..10,000), and no call is far slower than the others of its bucket.
 
-bf16 is offered only where the CPU computes it natively; the test forces it so that an AVX2-only machine
-takes the compiled path too (emulated there: slower, the same shapes and the same compiler).
+bf16 is offered only where the CPU computes it natively; the session's core (conftest ``bf16_ranking``)
+forces it so that an AVX2-only machine takes the compiled path too (emulated there: slower, the same
+shapes and the same compiler).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import numpy as np
 import pytest
 
 from recpipe.features.core import FeatureCore
-from recpipe.ranking import precision
 from recpipe.ranking.core import CHUNK_ROWS, RankingCore
 from recpipe.ranking.predictor import MIN_ROWS_BUCKET
 from recpipe.ranking.servicer import RankingStage
@@ -48,17 +48,11 @@ def _buckets(k: int) -> tuple[int, ...]:
 
 
 @pytest.fixture
-def compiled_ranking(small_models: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[StageServer, RankingCore]]:
-    monkeypatch.setattr(precision, "native_bf16", lambda flags=None: True)
-    cores: list[RankingCore] = []
-
-    def load() -> RankingCore:
-        cores.append(RankingCore.load(small_models, device="cpu", precision="bf16"))
-        return cores[0]
-
+def compiled_ranking(bf16_ranking: RankingCore) -> Iterator[tuple[StageServer, RankingCore]]:
+    """The session's bf16 core (conftest: compiled, with bf16 forced) served by a ranking stage."""
     with ServerThread() as st:
-        server = st.start(RankingStage(load))  # loaded and SERVING when start returns
-        yield server, cores[0]
+        server = st.start(RankingStage(lambda: bf16_ranking))  # SERVING when start returns
+        yield server, bf16_ranking
 
 
 @pytest.mark.slow

@@ -22,7 +22,8 @@ def _request(features: FeatureCore, k: int = 40) -> tuple:
     return features.augment_user(3), features.augment_items(3, rng.choice(features.num_items, k, replace=False))
 
 
-def test_precisions_load_serve_and_say_what_runs(small_models: Path, small_dataset: Path, monkeypatch) -> None:
+def test_precisions_load_serve_and_say_what_runs(small_models: Path, small_dataset: Path, bf16_ranking: RankingCore,
+                                                 monkeypatch) -> None:
     from recpipe.ranking import precision, probe
 
     # bf16 is offered only where the CPU computes it natively; force it so that every machine kind
@@ -50,7 +51,7 @@ def test_precisions_load_serve_and_say_what_runs(small_models: Path, small_datas
     for form, value in measured.items():  # a form over the AUC budget or the |dp| bound is never picked
         if measured["fp32"] - value > precision.AUC_BUDGET or (form in auto.checks and not auto.checks[form].ok):
             assert auto.precision.form != form
-    bf16 = RankingCore.load(small_models, device="cpu", precision="bf16")
+    bf16 = bf16_ranking  # RankingCore.load(small_models, device="cpu", precision="bf16"), bf16 forced (conftest)
     assert bf16.details["precision"] == "bf16 (torch.compile)" and bf16.checks["bf16"].ok
     # the segmented form (recpipe.ranking.segmented): batches of 2-8 requests x every candidate bucket
     assert bf16.details["warmed"].startswith("21 shapes (2-8 users x 64-4096 candidates)")
