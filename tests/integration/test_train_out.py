@@ -23,7 +23,10 @@ def snapshot(root: Path) -> dict[str, bytes | None]:
 
 
 def train(data: Path, out: Path, *extra: str) -> int:
-    return main(["train", "--data", str(data), "--out", str(out), "--epochs", "1", "--quiet", *extra])
+    # --index flat: what auto picks at this scale anyway, without building and timing the four others
+    # (6 of a tiny training's 11 s); the session's small_models keeps auto
+    return main(["train", "--data", str(data), "--out", str(out), "--epochs", "1", "--index", "flat", "--quiet",
+                 *extra])
 
 
 def test_force_refuses_a_directory_that_is_not_a_repository(tmp_path, small_dataset, capsys):

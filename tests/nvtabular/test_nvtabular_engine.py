@@ -81,7 +81,7 @@ def test_capped_vocabularies_and_ties_match_polars(small_dataset: Path) -> None:
 @pytest.fixture(scope="module")
 def nvt_models(small_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("nvt-models") / "models"
-    rc = main(["train", "--data", str(small_dataset), "--out", str(out), "--epochs", "1",
+    rc = main(["train", "--data", str(small_dataset), "--out", str(out), "--epochs", "1", "--index", "flat",
                "--preprocess", "nvtabular", "--nvtabular-python", str(NVT_PYTHON), "--quiet"])
     assert rc == 0
     return out

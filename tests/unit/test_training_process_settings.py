@@ -127,17 +127,18 @@ def test_recpipe_train_leaves_the_process_as_it_found_it(small_dataset: Path, tm
     before = settings()
     out = tmp_path / "models"
     assert main(["train", "--data", str(small_dataset), "--out", str(out), "--epochs", "1", "--threads", "2",
-                 "--quiet"]) == 0
+                 "--index", "flat", "--quiet"]) == 0  # flat: auto's pick here, without timing the others
     assert Repository.open(out).manifest["training"]["torch_threads"] == 2  # the run's own count
     assert settings() == before
-    # and when it fails half-way
+    # and when it fails half-way: its data read and preprocessed, its settings in force, its first model
+    # training (the rest of a run is the same scope: the run above came back from all of it)
     ran: list[int] = []
 
     def fail(*args: Any, **kwargs: Any) -> Any:
         ran.append(torch.get_num_threads())
         raise RuntimeError("training failed")
 
-    monkeypatch.setattr(loops, "train_dlrm", fail)
+    monkeypatch.setattr(loops, "train_two_tower", fail)
     with pytest.raises(RuntimeError, match="training failed"):
         main(["train", "--data", str(small_dataset), "--out", str(tmp_path / "again"), "--epochs", "1",
               "--threads", "1", "--quiet"])
