@@ -109,10 +109,10 @@ def test_fixed_5ms_stage_is_measured_within_5_percent(rank_5ms: TestServerProces
 @pytest.mark.slow
 def test_open_loop_achieves_its_rate(no_delay: TestServerProcess, tmp_path: Path) -> None:
     doc = _run(tmp_path, "open", "--target", no_delay.target, "--mode", "open", "--rate", "200",
-               "--duration", "10", "--seed", "11")
+               "--duration", "4", "--seed", "11")
     assert doc["mode"] == "open" and doc["target_rate"] == 200
     # Arrivals follow the schedule, not the answers: the count is rate x duration whatever the latency.
-    assert doc["queries"] == pytest.approx(2000, abs=2) and doc["errors"] == 0
+    assert doc["queries"] == pytest.approx(800, abs=2) and doc["errors"] == 0
     assert doc["achieved_rate"] > 0
     assert doc["send_lag"]["count"] == doc["queries"]
 
