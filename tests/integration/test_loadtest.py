@@ -126,7 +126,7 @@ def read_failures(out: Path) -> list[dict[str, str]]:
 
 
 def test_every_stage_is_its_own_row_timed_by_server_us(tmp_path: Path, fake_port: int) -> None:
-    proc = run_locust(tmp_path, f"grpc://127.0.0.1:{fake_port}", "--num-user-ids", str(FAKE_USERS), run_time="3s")
+    proc = run_locust(tmp_path, f"grpc://127.0.0.1:{fake_port}", "--num-user-ids", str(FAKE_USERS), run_time="2s")
     assert proc.returncode == 0, proc.stderr[-3000:]
     stats = read_stats(tmp_path)
     calls = int(stats["Recommend"]["Request Count"])
@@ -153,7 +153,7 @@ def test_every_stage_is_its_own_row_timed_by_server_us(tmp_path: Path, fake_port
 
 
 def test_observed_stage_time_and_target_from_the_environment(tmp_path: Path, fake_port: int) -> None:
-    proc = run_locust(tmp_path, None, "--num-user-ids", str(FAKE_USERS), users=2, run_time="3s",
+    proc = run_locust(tmp_path, None, "--num-user-ids", str(FAKE_USERS), users=2, run_time="2s",
                       env={"RECPIPE_TARGET": f"grpc://127.0.0.1:{fake_port}", "RECPIPE_STAGE_TIME": "observed"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     stats = read_stats(tmp_path)
@@ -164,7 +164,7 @@ def test_observed_stage_time_and_target_from_the_environment(tmp_path: Path, fak
 def test_grpc_errors_are_failures_named_by_status_code(tmp_path: Path, fake_port: int) -> None:
     # ten times more user ids than the service knows: most calls are NOT_FOUND
     proc = run_locust(tmp_path, f"127.0.0.1:{fake_port}", "--num-user-ids", str(10 * FAKE_USERS),
-                      users=2, run_time="3s")
+                      users=2, run_time="2s")
     assert proc.returncode == 1, "locust exits 1 when any request failed"
     stats = read_stats(tmp_path)
     calls, failed = int(stats["Recommend"]["Request Count"]), int(stats["Recommend"]["Failure Count"])
@@ -176,7 +176,7 @@ def test_grpc_errors_are_failures_named_by_status_code(tmp_path: Path, fake_port
 
 
 def test_user_count_is_found_by_asking_the_gateway(tmp_path: Path, fake_port: int) -> None:
-    proc = run_locust(tmp_path, f"127.0.0.1:{fake_port}", "--user-dist", "zipf", users=2, run_time="3s")
+    proc = run_locust(tmp_path, f"127.0.0.1:{fake_port}", "--user-dist", "zipf", users=2, run_time="2s")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"{FAKE_USERS} users found by asking" in proc.stderr
     stats = read_stats(tmp_path)
@@ -223,7 +223,7 @@ if __name__ == "__main__":
 
 def test_locust_against_the_real_chain(tmp_path: Path, serving_chain, dataset_info: dict[str, int]) -> None:
     # the README's command, as is: no user settings, so the user count is asked of the gateway
-    proc = run_locust(tmp_path, serving_chain.gateway.address, users=4, run_time="5s")
+    proc = run_locust(tmp_path, serving_chain.gateway.address, users=4, run_time="3s")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"{dataset_info['num_users']} users found by asking" in proc.stderr
     stats = read_stats(tmp_path)
@@ -239,7 +239,7 @@ def test_locust_against_the_real_chain(tmp_path: Path, serving_chain, dataset_in
 def test_zipf_users_by_activity_against_the_real_chain(
     tmp_path: Path, serving_chain, small_dataset: Path
 ) -> None:
-    proc = run_locust(tmp_path, serving_chain.gateway.address, users=2, run_time="3s",
+    proc = run_locust(tmp_path, serving_chain.gateway.address, users=2, run_time="2s",
                       env={"RECPIPE_USER_DIST": "zipf", "RECPIPE_DATA": str(small_dataset)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "weighted by interactions" in proc.stderr
