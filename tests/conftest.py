@@ -20,7 +20,8 @@ one copy (building them costs a few seconds; tests that do not ask pay nothing).
     (stop them with ``serving_threads.stop(server)``).
 ``dataset_info`` -> dict
     ``num_users`` and ``num_items`` of ``small_dataset`` (read from the feature stage's InfoService).
-``quick_characterization`` -> ``Characterization``
+``quick_characterization`` -> ``Characterization`` (tests name its type ``Any``: ``conftest`` is not
+    importable by that name from every directory)
     The README's ``recpipe characterize --out char-a --data data --models models --threads 1 --quick``
     over ``small_dataset``/``small_models``, with ``--device cpu``: its directory (``out``) and what it
     printed (``stdout``, ``stderr``). About 20 s, so it runs once: tests that change it copy it first.

@@ -71,9 +71,9 @@ def _matmul(rounds: int) -> list[float] | None:
         import torch
     except ImportError:
         return None
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    from recpipe.serving.threads import torch_threads
+
+    with torch_threads(1):
         a, b = torch.rand(MATMUL_N, MATMUL_N), torch.rand(MATMUL_N, MATMUL_N)
 
         def once() -> float:
@@ -83,8 +83,6 @@ def _matmul(rounds: int) -> list[float] | None:
             return 2.0 * MATMUL_N**3 * MATMUL_REPS / (time.perf_counter() - t0) / 1e9
 
         return _rounds(once, rounds)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _cpu_ticks(stat: Path = Path("/proc/stat")) -> tuple[int, int] | None:

@@ -21,9 +21,17 @@ NAME = "ranking batched"
 
 def run(settings: Settings) -> dict[str, Any]:
     """A bench block (as ``micro.run_one`` returns): rows ``{form, p50_ms, p99_ms, per_query_ms}``."""
+    from recpipe.serving.threads import torch_threads
+
     t0 = time.perf_counter()
     try:
-        rows, text = _measure(settings)
+        import torch
+
+        # the characterization's thread count for these timings; the process's own comes back after
+        # (``recpipe characterize`` also runs in its caller's process)
+        n = int(settings.threads) if settings.threads.isdigit() and int(settings.threads) else torch.get_num_threads()
+        with torch_threads(n):
+            rows, text = _measure(settings)
         error = ""
     except Exception as e:  # one failing bench must not lose the others' results
         rows, text, error = [], "", f"{type(e).__name__}: {e}"
@@ -42,8 +50,6 @@ def _measure(settings: Settings) -> tuple[list[dict[str, Any]], str]:
     from recpipe.ranking.core import RankingCore
 
     s = settings.sizes
-    if settings.threads.isdigit() and int(settings.threads):
-        torch.set_num_threads(int(settings.threads))
     features = FeatureCore.load(Path(settings.models), Path(settings.data))
     cores = [("served", RankingCore.load(Path(settings.models), device=settings.device))]
     if cores[0][1].torch_device.type == "cuda":

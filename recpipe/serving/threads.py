@@ -7,8 +7,10 @@ torch and FAISS to size them: a stage asks only for the libraries it will load (
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 
 #: OpenMP's wait policy for a serving process: workers sleep between parallel regions
 WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
@@ -40,6 +42,26 @@ def configure(threads: int, *, torch: bool = False, faiss: bool = False) -> None
         import faiss as _faiss
 
         _faiss.omp_set_num_threads(threads)
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run the block on ``n`` torch threads, then restore the count it had, and FAISS's where FAISS is
+    loaded: where the two load one OpenMP runtime (the pip wheels here do), torch's count is FAISS's
+    too. For code that commands run in-process (a training, a characterization's probes): the caller's
+    process keeps its own settings."""
+    import torch
+
+    faiss = sys.modules.get("faiss")
+    previous = torch.get_num_threads()
+    previous_faiss = faiss.omp_get_max_threads() if faiss is not None else None
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+        if faiss is not None and previous_faiss is not None:
+            faiss.omp_set_num_threads(previous_faiss)
 
 
 def in_use(library: str) -> int:

@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ceiling", action="store_true",
                         help="also fit the feature ceilings on every training row (minutes at full scale)")
     args = parser.parse_args(argv)
-    from recpipe.training.threads import torch_threads
+    from recpipe.serving.threads import torch_threads
 
     with torch_threads(1):  # and the caller's count back after: main is also called in-process (tests)
         return _diagnose(args)

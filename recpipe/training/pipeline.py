@@ -45,6 +45,7 @@ from recpipe.repository import (
 )
 from recpipe.retrieval import artifacts as retrieval_artifacts
 from recpipe.retrieval import index as faiss_index
+from recpipe.serving.threads import torch_threads
 from recpipe.timesplit import split_by_time
 from recpipe.training import loops, process_settings, threads
 from recpipe.training.config import TrainConfig
@@ -185,7 +186,7 @@ def _train(
         precision_rows = precision_rows.sample(cfg.max_precision_rows, seed=cfg.seed)
     # on one thread: the served forward's small ops each wake a sleeping worker, and this pass took
     # 10.7 s at full scale on two threads against 5.2 s on one (BENCHMARKS.md, "Training threads")
-    with threads.torch_threads(1):
+    with torch_threads(1):
         auc_by_precision = precision_aucs(dlrm, core, precision_rows)
     # the rows the ranking stage checks each form against fp32 on at load (recpipe.ranking.probe)
     ranking_probe = precision_probe(core, precision_rows)

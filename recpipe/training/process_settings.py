@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from recpipe.training.threads import torch_threads
+from recpipe.serving.threads import torch_threads
 
 
 @contextlib.contextmanager
@@ -65,7 +65,7 @@ def tf32_matmuls(enabled: bool = True) -> Iterator[None]:
 
 @contextlib.contextmanager
 def training_settings(threads: int, tf32: bool) -> Iterator[None]:
-    """A training run's settings within the block: ``threads`` torch threads (``threads.torch_threads``)
+    """A training run's settings within the block: ``threads`` torch threads (``recpipe.serving.threads.torch_threads``)
     and, with ``tf32``, TF32 CUDA matmuls; the caller's come back after it, also when it raises."""
     with torch_threads(threads), tf32_matmuls(tf32):
         yield

@@ -15,10 +15,8 @@ latency is measured) inherit the user's environment, not the trainer's.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
-from collections.abc import Iterator
 
 WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
 _imported_with: list[str] = []  # the policy torch was imported under, when it was imported here
@@ -59,19 +57,3 @@ def training_threads(requested: int) -> int:
     if (os.cpu_count() or 1) <= 2 and (wait_policy() or "").strip().upper() != "PASSIVE":
         return 1
     return torch.get_num_threads()
-
-
-@contextlib.contextmanager
-def torch_threads(n: int) -> Iterator[None]:
-    """Run the block on ``n`` torch threads, then restore the count it had, and FAISS's: where the two
-    load one OpenMP runtime (the pip wheels here do), torch's count is FAISS's too."""
-    import faiss
-    import torch
-
-    previous, previous_faiss = torch.get_num_threads(), faiss.omp_get_max_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
-        faiss.omp_set_num_threads(previous_faiss)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
-from conftest import Characterization
 
 from recpipe.characterize import document
 from recpipe.characterize.report import CHARTS, MARKDOWN
@@ -30,7 +30,7 @@ def _load(out: Path) -> dict:
 
 @pytest.mark.slow
 def test_characterize_quick_resumes_reports_and_compares(
-        small_dataset: Path, small_models: Path, quick_characterization: Characterization, tmp_path: Path,
+        small_dataset: Path, small_models: Path, quick_characterization: Any, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
     a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
     # the session's run of `characterize --threads 1 --quick --device cpu` (conftest), a copy of it resumed here
@@ -222,6 +222,26 @@ def test_replicas_are_a_setting_that_documents_from_before_it_resume_with() -> N
     assert differences(before, now, RESUMABLE) == ["replicas '1' vs 'auto'"]
     assert differences(before, {**now, "replicas": "ranking=2"}, RESUMABLE) == ["replicas '1' vs 'ranking=2'"]
     assert differences(now, {**now, "generator_processes": 1}, RESUMABLE) == []  # the generator may differ
+
+
+def test_the_batched_ranking_bench_runs_on_the_characterizations_threads_and_gives_the_process_its_own_back(
+        small_models: Path, small_dataset: Path) -> None:
+    import torch
+
+    from recpipe.characterize import ranking_batches
+    from recpipe.characterize.settings import QUICK, Settings
+
+    settings = Settings(quick=True, sizes=QUICK, data=str(small_dataset), models=str(small_models), data_scale=None,
+                        data_seed=None, dataset_sha256=None, threads="1", num_candidates=50)
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        block = ranking_batches.run(settings)
+        assert block["error"] == "" and "torch threads 1," in block["stdout"], block
+        assert len(block["rows"]) == len(QUICK.ranking_query_batches)
+        assert torch.get_num_threads() == 3  # recpipe characterize also runs in its caller's process
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.slow

@@ -27,9 +27,9 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from conftest import Characterization
 from locust_stats import final_stats
 
 from recpipe.cli import main
@@ -275,7 +275,7 @@ def _locust_env() -> dict[str, str]:
 
 def test_every_readme_command_works_at_small_scale(
     clone: Path, served: tuple[dict[str, int], subprocess.Popen[str]], small_models: Path, small_dataset: Path,
-    quick_characterization: Characterization, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    quick_characterization: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     ports, _ = served
     monkeypatch.chdir(clone)

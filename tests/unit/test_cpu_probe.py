@@ -25,6 +25,21 @@ def test_the_probe_times_hashing_a_matmul_and_a_copy_on_this_cpu() -> None:
     assert cpu_probe.speed_ratio(block, block) == pytest.approx(1.0)
 
 
+def test_the_probe_leaves_the_thread_counts_as_it_found_them() -> None:
+    import faiss  # loaded: the matmul's one thread is FAISS's too where they share an OpenMP runtime
+    import torch
+
+    before = torch.get_num_threads(), faiss.omp_get_max_threads()
+    torch.set_num_threads(3)
+    try:
+        mine = torch.get_num_threads(), faiss.omp_get_max_threads()
+        assert cpu_probe.probe(rounds=1)["matmul_gflops"]
+        assert (torch.get_num_threads(), faiss.omp_get_max_threads()) == mine
+    finally:
+        torch.set_num_threads(before[0])
+        faiss.omp_set_num_threads(before[1])
+
+
 def test_steal_is_read_from_proc_stat_where_the_kernel_gives_it(tmp_path: Path) -> None:
     stat = tmp_path / "stat"
     stat.write_text("cpu  100 0 50 800 10 0 5 35 0 0\ncpu0 1 2 3\n")
