@@ -18,7 +18,8 @@ from __future__ import annotations
 import os
 import sys
 
-WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
+from recpipe.serving.threads import WAIT_POLICY_ENV
+
 _imported_with: list[str] = []  # the policy torch was imported under, when it was imported here
 
 
