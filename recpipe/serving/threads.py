@@ -54,13 +54,13 @@ def torch_threads(n: int) -> Iterator[None]:
 
     faiss = sys.modules.get("faiss")
     previous = torch.get_num_threads()
-    previous_faiss = faiss.omp_get_max_threads() if faiss is not None else None
+    previous_faiss = faiss.omp_get_max_threads() if faiss is not None else 0
     torch.set_num_threads(n)
     try:
         yield
     finally:
         torch.set_num_threads(previous)
-        if faiss is not None and previous_faiss is not None:
+        if faiss is not None:
             faiss.omp_set_num_threads(previous_faiss)
 
 
