@@ -23,10 +23,11 @@ import hashlib
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from recpipe.characterize import cputime
 
 #: bytes hashed, and copied, per round
 HASH_BYTES = 8 << 20
@@ -85,18 +86,6 @@ def _matmul(rounds: int) -> list[float] | None:
         return _rounds(once, rounds)
 
 
-def _cpu_ticks(stat: Path = Path("/proc/stat")) -> tuple[int, int] | None:
-    """(steal, total) jiffies of all CPUs, or None where /proc/stat has no steal column."""
-    try:
-        fields = stat.read_text().splitlines()[0].split()
-    except (OSError, IndexError):
-        return None
-    if len(fields) < 9 or fields[0] != "cpu":
-        return None
-    values = [int(v) for v in fields[1:9]]
-    return values[7], sum(values)
-
-
 def _summary(rates: list[float]) -> dict[str, float]:
     return {"best": round(max(rates), 3), "median": round(statistics.median(rates), 3)}
 
@@ -109,12 +98,12 @@ def probe(rounds: int = ROUNDS) -> dict[str, Any]:
     """{"sha256_mbps": {"best", "median"}, "matmul_gflops": {...} or None, "copy_gbps": {...},
     "steal": fraction or None, "rounds", "elapsed_s"}."""
     t0 = time.perf_counter()
-    before = _cpu_ticks()
+    before = cputime.machine_ticks()
     sha, matmul, copy = _sha256(rounds), _matmul(rounds), _copy(rounds)
-    after = _cpu_ticks()
+    after = cputime.machine_ticks()
     steal = None
-    if before is not None and after is not None and after[1] > before[1]:
-        steal = round((after[0] - before[0]) / (after[1] - before[1]), 4)
+    if before is not None and after is not None and after.total > before.total:
+        steal = round((after.steal - before.steal) / (after.total - before.total), 4)
     return {"sha256_mbps": _summary(sha), "matmul_gflops": _summary(matmul) if matmul else None,
             "copy_gbps": _summary(copy), "steal": steal, "rounds": rounds,
             "elapsed_s": round(time.perf_counter() - t0, 3)}

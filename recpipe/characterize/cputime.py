@@ -1,9 +1,12 @@
-"""CPU seconds a process has used (user + system), from /proc/PID/stat: the cost of a query per process."""
+"""CPU seconds a process has used (user + system), from /proc/PID/stat: the cost of a query per process;
+and the whole machine's, from /proc/stat: what the processes measured leave to the rest (the kernel's
+network work done outside any process, other jobs, the hypervisor's steal)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -43,3 +46,36 @@ def per_query(before: Mapping[str, float | None], after: Mapping[str, float | No
         else:
             out[name] = round((b - a) / queries, 6)
     return out
+
+
+@dataclass(frozen=True)
+class MachineTicks:
+    """Jiffies of all CPUs together since boot, from /proc/stat's ``cpu`` line: ``busy`` (user, nice,
+    system, irq, softirq), ``steal`` (the hypervisor ran someone else) and ``total`` (those, idle and
+    iowait)."""
+
+    busy: int
+    steal: int
+    total: int
+
+    def busy_share(self, later: MachineTicks) -> float | None:
+        """The share of the machine's time (all CPUs) that was busy from this reading to ``later``."""
+        span = later.total - self.total
+        return (later.busy - self.busy) / span if span > 0 else None
+
+    def busy_seconds(self, later: MachineTicks) -> float:
+        """CPU seconds the whole machine spent busy from this reading to ``later``."""
+        return (later.busy - self.busy) / _TICKS
+
+
+def machine_ticks(stat: Path = Path("/proc/stat")) -> MachineTicks | None:
+    """The machine's CPU time so far; None where /proc/stat is missing or has no steal column."""
+    try:
+        fields = stat.read_text().splitlines()[0].split()
+    except (OSError, IndexError):
+        return None
+    if len(fields) < 9 or fields[0] != "cpu":
+        return None
+    user, nice, system, idle, iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
+    return MachineTicks(user + nice + system + irq + softirq, steal,
+                        user + nice + system + idle + iowait + irq + softirq + steal)

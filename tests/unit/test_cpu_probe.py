@@ -4,12 +4,13 @@ when two documents name the same CPU but ran it at different speeds (recpipe.cha
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from recpipe.characterize import compare, cpu_probe, document
+from recpipe.characterize import compare, cpu_probe, cputime, document
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
@@ -40,13 +41,21 @@ def test_the_probe_leaves_the_thread_counts_as_it_found_them() -> None:
         faiss.omp_set_num_threads(before[1])
 
 
-def test_steal_is_read_from_proc_stat_where_the_kernel_gives_it(tmp_path: Path) -> None:
+def test_busy_and_steal_are_read_from_proc_stat_where_the_kernel_gives_them(tmp_path: Path) -> None:
     stat = tmp_path / "stat"
     stat.write_text("cpu  100 0 50 800 10 0 5 35 0 0\ncpu0 1 2 3\n")
-    assert cpu_probe._cpu_ticks(stat) == (35, 1000)
+    before = cputime.machine_ticks(stat)
+    assert before == cputime.MachineTicks(busy=155, steal=35, total=1000)
+    # 100 more jiffies on all CPUs: 60 busy (user 40, system 15, softirq 5), 30 idle, 10 steal
+    stat.write_text("cpu  140 0 65 830 10 0 10 45 0 0\n")
+    after = cputime.machine_ticks(stat)
+    assert after is not None and before is not None
+    assert before.busy_share(after) == 0.6
+    assert before.busy_seconds(after) == 60 / os.sysconf("SC_CLK_TCK")
+    assert after.busy_share(after) is None  # no time passed
     stat.write_text("cpu  100 0 50 800\n")  # an old kernel: no steal column
-    assert cpu_probe._cpu_ticks(stat) is None
-    assert cpu_probe._cpu_ticks(tmp_path / "missing") is None
+    assert cputime.machine_ticks(stat) is None
+    assert cputime.machine_ticks(tmp_path / "missing") is None
 
 
 def _probe(sha: float, matmul: float | None) -> dict[str, Any]:
