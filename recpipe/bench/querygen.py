@@ -8,7 +8,9 @@ and on the generator's select-based loop with each number of sender processes in
 (querygen ``--processes``: the schedule dealt among them), side by side in the same run. A rate above
 what one process can offer shows the rate each number of processes can: the achieved rate. Reported:
 achieved rate, send lag (actual - scheduled send) p50/p99/max, the end-to-end p50/p99 seen by the
-generator, and CPU per query of the generator (every sender process) and of the target.
+generator, CPU per query of the generator (every sender process) and of the target, and the whole
+machine's CPU per query and busy share (/proc/stat, all cores): a run that kept the machine busy was
+limited by the machine, whatever more sender processes could offer.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import json
 import os
 import resource
 import statistics
-from pathlib import Path
 from typing import Any
 
 TARGET_RATE = 2000.0
@@ -56,11 +57,9 @@ def _process_cpu_s(pid: int | None = None) -> float | None:
     if pid is None:
         r = resource.getrusage(resource.RUSAGE_SELF)
         return r.ru_utime + r.ru_stime
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    from recpipe.characterize.cputime import cpu_seconds
+
+    return cpu_seconds(pid)
 
 
 def _row(rate: float, m: Any, achieved: float) -> dict[str, Any]:
@@ -114,8 +113,41 @@ async def _senders(target: str, rate: float, processes: int, args: argparse.Name
     return row, cpu
 
 
+def _percent(share: float | None) -> str:
+    return "-" if share is None else f"{100 * share:.0f}"
+
+
+#: a machine at least this busy during a run was the run's limit, whatever the generator could do
+MACHINE_BOUND_BUSY = 0.95
+
+
+def _machine_line(by_n: dict[int, dict[str, float]], attributed_us: float) -> str:
+    """How busy the whole machine was in each number of processes' runs (medians), and what limited them:
+    ``"the whole machine (all cores, /proc/stat): 1 process 52% busy (the generator was the limit), 2
+    processes 99% busy (the machine was the limit: 690 us of its CPU per query, 168 of them outside
+    generator and target)"``; ``attributed_us`` is the generator's and the target's CPU per query."""
+    parts = []
+    for n, m in by_n.items():
+        busy = m.get("machine_busy")
+        if busy is None:
+            continue
+        part = f"{n} process{'es' if n > 1 else ''} {_percent(busy)}% busy"
+        if busy >= MACHINE_BOUND_BUSY:
+            per_query = m.get("machine_cpu_us_per_query")
+            part += " (the machine was the limit" + (
+                f": {per_query:.0f} us of its CPU per query, {max(0.0, per_query - attributed_us):.0f} of them outside "
+                "generator and target)" if per_query and n == 2 else ")")
+        else:
+            part += " (the generator was the limit)"
+        parts.append(part)
+    return "the whole machine (all cores, /proc/stat): " + (", ".join(parts) if parts else "not readable here")
+
+
 def _medians(runs: list[dict[str, Any]]) -> dict[str, float]:
-    return {k: statistics.median(float(r[k]) for r in runs) for k in ("lag_p99_us", "achieved_rate")}
+    """The runs' medians of each measure that all of them have (the machine's is None where /proc/stat
+    is not readable)."""
+    keys = ("lag_p99_us", "achieved_rate", "machine_busy", "machine_cpu_us_per_query")
+    return {k: statistics.median(float(r[k]) for r in runs) for k in keys if all(r.get(k) is not None for r in runs)}
 
 
 def _parse_list(text: str, flag: str, kind: type) -> list[Any]:
@@ -131,6 +163,7 @@ def _parse_list(text: str, flag: str, kind: type) -> list[Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from recpipe.characterize.cputime import machine_ticks
     from recpipe.errors import UsageError
     from recpipe.querygen import loops
     from recpipe.querygen.config import parse_processes
@@ -149,29 +182,36 @@ def run(args: argparse.Namespace) -> int:
         print(f"cheap target: the fixed-reply test server (separate process) at {server.target}; "
               f"{args.duration:g} s per run after {args.warmup:g} s warm-up; {os.cpu_count()} cores")
         print(f"{'loop':<22}{'procs':>6}{'target/s':>10}{'achieved/s':>12}{'lag p50 ms':>12}{'lag p99 ms':>12}"
-              f"{'lag max ms':>12}{'e2e p50 ms':>12}{'e2e p99 ms':>12}{'gen us/q':>10}{'srv us/q':>10}")
+              f"{'lag max ms':>12}{'e2e p50 ms':>12}{'e2e p99 ms':>12}{'gen us/q':>10}{'srv us/q':>10}"
+              f"{'all us/q':>10}{'busy %':>8}")
         for rate, round_ in itertools.product(rates, range(args.repeat)):
             # alternate the order between rounds, so a drift in the machine's load favours no variant
             for name, n in variants if round_ % 2 == 0 else variants[::-1]:
-                srv0 = _process_cpu_s(server.pid)
+                srv0, machine0 = _process_cpu_s(server.pid), machine_ticks()
                 if name == NAIVE:
                     with asyncio.Runner(loop_factory=asyncio.new_event_loop) as runner:
                         r, gen_cpu = runner.run(_naive(server.target, rate, args))
                 else:
                     r, gen_cpu = loops.run(_senders(server.target, rate, n, args))
-                srv1 = _process_cpu_s(server.pid)
+                srv1, machine1 = _process_cpu_s(server.pid), machine_ticks()
                 sent = r["queries"] + r.pop("warmup_queries")
                 # CPU per query (all threads, gRPC's included): what bounds the rate on a busy machine.
                 r["generator_cpu_us_per_query"] = round(gen_cpu / sent * 1e6) if sent else None
                 r["server_cpu_us_per_query"] = (round((srv1 - srv0) / sent * 1e6)
                                                 if srv0 is not None and srv1 is not None and sent else None)
+                # The whole machine's: what generator and target leave to the rest (the kernel's loopback
+                # work outside any process, other jobs). A share near 1 means the machine is the limit.
+                share = machine0.busy_share(machine1) if machine0 and machine1 else None
+                r["machine_busy"] = round(share, 3) if share is not None else None
+                r["machine_cpu_us_per_query"] = (round(machine0.busy_seconds(machine1) / sent * 1e6)
+                                                 if machine0 and machine1 and sent else None)
                 r["loop"], r["processes"], r["round"] = name, n, round_ + 1
                 results.append(r)
                 print(f"{name:<22}{n:>6}{rate:>10.0f}{r['achieved_rate']:>12.1f}{r['lag_p50_us'] / 1000:>12.3f}"
                       f"{r['lag_p99_us'] / 1000:>12.3f}{r['lag_max_us'] / 1000:>12.3f}"
                       f"{r['e2e_p50_us'] / 1000:>12.3f}{r['e2e_p99_us'] / 1000:>12.3f}"
-                      f"{r['generator_cpu_us_per_query'] or 0:>10}{r['server_cpu_us_per_query'] or 0:>10}",
-                      flush=True)
+                      f"{r['generator_cpu_us_per_query'] or 0:>10}{r['server_cpu_us_per_query'] or 0:>10}"
+                      f"{r['machine_cpu_us_per_query'] or 0:>10}{_percent(r['machine_busy']):>8}", flush=True)
         print(f"load average during the runs: {os.getloadavg()[0]:.2f} (1 min) on {os.cpu_count()} cores")
     of = f" (median of {args.repeat})" if args.repeat > 1 else ""
     for rate in rates:
@@ -209,6 +249,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  the machine's bound: {cores} cores / ({gen:.0f} generator + {srv:.0f} target us of CPU "
                       f"per query) = {cores / (gen + srv) * 1e6:.0f} q/s, {cores / (gen + srv) * 1e6 / one:.2f}x "
                       "one process's rate, before anything else on the machine takes its share")
+            print("  " + _machine_line(by_n, gen + srv))
     if args.json:
         print(json.dumps(results, indent=2))
     return 0

@@ -196,3 +196,19 @@ def test_bench_querygen_prints_naive_beside_fast(capsys: pytest.CaptureFixture[s
     assert sorted((r["loop"], r["processes"]) for r in rows) == [
         ("naive (asyncio epoll)", 1), ("recpipe (select)", 1), ("recpipe (select)", 2)]
     assert {r["queries"] for r in rows} == {100} and all(r["errors"] == 0 for r in rows)
+    # the whole machine's CPU over each run: busy part of the time, and no less than the generator's (the
+    # counters tick in hundredths of a second: some slack)
+    for r in rows:
+        assert 0 < r["machine_busy"] <= 1, r
+        assert r["machine_cpu_us_per_query"] >= 0.8 * r["generator_cpu_us_per_query"], r
+
+
+def test_bench_querygen_says_whether_the_generator_or_the_machine_was_the_limit() -> None:
+    from recpipe.bench.querygen import _machine_line
+
+    line = _machine_line({1: {"machine_busy": 0.52, "machine_cpu_us_per_query": 600.0},
+                          2: {"machine_busy": 0.99, "machine_cpu_us_per_query": 690.0}}, attributed_us=522.0)
+    assert line == ("the whole machine (all cores, /proc/stat): 1 process 52% busy (the generator was the limit), "
+                    "2 processes 99% busy (the machine was the limit: 690 us of its CPU per query, 168 of them "
+                    "outside generator and target)")
+    assert _machine_line({1: {}, 2: {}}, 500.0).endswith("not readable here")
