@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from recpipe.characterize import cpu_probe, datapaths, report, settings
+from recpipe.characterize import cpu_probe, datapaths, load, report, settings
 from recpipe.config import STEPS
 from recpipe.querygen.compare import speedup
 from recpipe.querygen.output import write_atomic
@@ -223,7 +223,12 @@ def _sweep(runs: Runs) -> list[str]:
             else:
                 cells += [_x(_ratio(p["throughput"], b0["throughput"])), _x(speedup(b0["p99_us"], p["p99_us"]))]
         out.append(f"| {c} | " + " | ".join(cells) + " |")
-    return [*out, ""]
+    busy = []  # what each run's peak kept busy (documents from before runs recorded their load say nothing)
+    for lb, s, b in zip(labels, sweeps, by_c, strict=True):
+        peak = b.get(s["peak_concurrency"]) or {}
+        if what := load.describe(peak.get("load"), peak.get("gpu_busy")):
+            busy.append(f"- {lb}'s peak kept busy: {what}")
+    return [*out, "", *busy, *([""] if busy else [])]
 
 
 def _slo(runs: Runs) -> list[str]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from recpipe.characterize import cpu_probe, datapaths
+from recpipe.characterize import cpu_probe, datapaths, load
 from recpipe.config import STEPS
 from recpipe.gateway import STEP_STAGES
 from recpipe.querygen.config import STEADY_P99_QUERIES
@@ -171,15 +171,20 @@ def markdown(doc: dict[str, Any], charts: tuple[str, ...] = CHARTS) -> str:
                 f"{sweep['peak_throughput'] or 0:.1f} q/s at {sweep['peak_concurrency']} clients.", ""]
         procs = list((sweep["points"][0]["cpu_s_per_query"] if sweep["points"] else {}).keys())
         out += ["| clients | q/s | p50 ms | p99 ms | " + " | ".join(f"{st} p50/p99 ms" for st in STEPS) + " | "
-                + " | ".join(f"CPU ms/q {p}" for p in procs) + " |", "|---" * (4 + len(STEPS) + len(procs)) + "|"]
+                + " | ".join(f"CPU ms/q {p}" for p in procs) + " | machine busy |",
+                "|---" * (5 + len(STEPS) + len(procs)) + "|"]
         for p in sweep["points"]:
             cells = [str(p["concurrency"]), f"{p['throughput']:.1f}", _ms(p["p50_us"]), _ms(p["p99_us"])]
             cells += [f"{_ms(p['stages'][st]['p50_us'])} / {_ms(p['stages'][st]['p99_us'])}" for st in STEPS]
             cells += [_cpu_ms(p["cpu_s_per_query"].get(q)) for q in procs]
+            busy = (p.get("load") or {}).get("machine_busy")
+            cells.append("-" if busy is None else f"{busy:.0%}")
             out.append("| " + " | ".join(cells) + " |")
         peak = next((p for p in sweep["points"] if p["concurrency"] == sweep["peak_concurrency"]), None)
         out += ["", *_tail_line(f"At the sweep's peak ({sweep['peak_concurrency']} clients)",
                                 peak.get("attribution") if peak else None), *_gpu_line(sweep)]
+        if peak is not None and (what := load.describe(peak.get("load"), peak.get("gpu_busy"))):
+            out += [f"What the peak kept busy: {what}", ""]
     if slo := sec.get("slo"):
         out += ["## SLO search (highest open-loop rate with end-to-end p99 under the bound)", "",
                 "| p99 bound ms | max rate q/s | steps | queries at the knee (met / missed) |", "|---|---|---|---|"]

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -175,15 +176,35 @@ def _config(settings: Settings, target: str, **kw: Any) -> Any:
                           processes=processes, **kw)
 
 
-def _measure(ch: Chain, config: Any) -> tuple[dict[str, Any], dict[str, float | None]]:
-    """One querygen run and the CPU seconds per query each process spent on it (warm-up included)."""
+def _measure(ch: Chain, config: Any) -> tuple[dict[str, Any], dict[str, float | None], dict[str, Any]]:
+    """One querygen run, the CPU seconds per query each process spent on it (warm-up included) and its
+    load (``_load``)."""
     from recpipe.querygen import loops, session
 
-    before = ch.cpu()
+    before, machine0, t0 = ch.cpu(), cputime.machine_ticks(), time.monotonic()
     doc = loops.run(session.execute(config))
-    after = ch.cpu()
+    after, machine1, wall = ch.cpu(), cputime.machine_ticks(), time.monotonic() - t0
     sent = doc["queries"] + doc["warmup_queries"]
-    return doc, cputime.per_query(before, _with_senders(after, doc["generator"]["sender_cpu_s"]), sent)
+    after = _with_senders(after, doc["generator"]["sender_cpu_s"])
+    return doc, cputime.per_query(before, after, sent), _load(ch, doc, before, after, machine0, machine1, wall)
+
+
+def _load(ch: Chain, doc: dict[str, Any], before: dict[str, float | None], after: dict[str, float | None],
+          machine0: cputime.MachineTicks | None, machine1: cputime.MachineTicks | None, wall: float) -> dict[str, Any]:
+    """How busy the run kept the machine and each process group: ``machine_busy``, the share of all cores
+    busy (/proc/stat; None where unreadable); ``cores``, the CPU seconds per second of each stage (its
+    replicas together) and of the generator (its sender processes too); ``processes``, how many
+    processes each of those is. A group whose cores per process near 1 is capped by its one event-loop
+    thread, whatever the machine has left."""
+    share = machine0.busy_share(machine1) if machine0 is not None and machine1 is not None else None
+    cores: dict[str, float | None] = {}
+    for name, b in before.items():
+        a = after.get(name)
+        cores[name] = None if a is None or b is None or a < b or wall <= 0 else round((a - b) / wall, 3)
+    processes = {name: len(pids) for name, pids in ch.pids.items()}
+    # the parent runs the senders (querygen --processes N) and sends nothing itself
+    processes[GENERATOR] = max(1, int(doc["generator"].get("processes") or 1))
+    return {"machine_busy": None if share is None else round(share, 3), "cores": cores, "processes": processes}
 
 
 def _with_senders(after: dict[str, float | None], sender_cpu_s: float) -> dict[str, float | None]:
@@ -207,13 +228,13 @@ def sequential_section(settings: Settings, ch: Chain) -> dict[str, Any]:
     GetInfo before and after: ``recpipe.accel.traffic``)."""
     config = _config(settings, ch.gateway, mode="sequential", queries=settings.sizes.sequential_queries)
     before = ch.traffic()
-    doc, cpu = _measure(ch, config)
+    doc, cpu, load = _measure(ch, config)
     transfers = datapaths.per_query(before, ch.traffic(), doc["queries"] + doc["warmup_queries"])
     return {
         "queries": doc["queries"], "errors": doc["errors"], "achieved_rate": doc["achieved_rate"],
         "end_to_end": doc["end_to_end"], "pipeline_total": _pcts(doc["pipeline_total"]),
         "stages": {s: _stage_block(doc["stages"][s]) for s in STEPS},
-        "cpu_s_per_query": cpu, "transfers_per_query": transfers, "pipeline": doc["pipeline"],
+        "cpu_s_per_query": cpu, "load": load, "transfers_per_query": transfers, "pipeline": doc["pipeline"],
         "model_version": doc["model_version"], "warnings": doc["warnings"], "attribution": doc["attribution"],
     }
 
@@ -235,13 +256,14 @@ def sweep_section(settings: Settings, ch: Chain, time_left: Callable[[], float],
             break
         say(f"sweep: {c} client{'s' * (c != 1)} for {s.point_s:g} s")
         mark = busy.mark() if busy is not None else 0
-        doc, cpu = _measure(ch, _config(settings, ch.gateway, mode="closed", concurrency=c, duration=s.point_s))
+        doc, cpu, load = _measure(ch, _config(settings, ch.gateway, mode="closed", concurrency=c, duration=s.point_s))
         e2e = doc["end_to_end"]
         points.append({"concurrency": c, "throughput": doc["achieved_rate"], "queries": doc["queries"],
                        "errors": doc["errors"], "p50_us": e2e["p50_us"], "p99_us": e2e["p99_us"],
                        "stages": {st: {"p50_us": doc["stages"][st]["p50_us"], "p99_us": doc["stages"][st]["p99_us"]}
                                   for st in STEPS},
-                       "cpu_s_per_query": cpu, "gpu_busy": busy.fraction_since(mark) if busy is not None else None,
+                       "cpu_s_per_query": cpu, "load": load,
+                       "gpu_busy": busy.fraction_since(mark) if busy is not None else None,
                        "attribution": doc["attribution"]})
         say(f"sweep: {c} clients -> {doc['achieved_rate']:.1f} q/s, p99 {e2e['p99_us'] / 1000:.2f} ms")
         if past_sweep_bound(e2e["p99_us"], s.sweep_p99_ms):

@@ -66,6 +66,14 @@ def test_characterize_quick_resumes_reports_and_compares(
     assert sec["sweep"]["stop_reason"]
     # a CPU run samples no GPU, point by point either
     assert all(p["gpu_busy"] is None for p in points) and sec["sweep"]["peak_gpu_busy"] is None
+    # what each point kept busy: the machine's share of its cores, and the cores of each process group
+    for p in [*points, seq]:
+        busy = p["load"]
+        assert 0 < busy["machine_busy"] <= 1 and set(busy["cores"]) == set(seq["cpu_s_per_query"])
+        assert all(c is not None and 0 < c <= 1.05 * sec["platform"]["cores"] for c in busy["cores"].values()), busy
+        assert {k: v for k, v in busy["processes"].items() if k != "querygen"} == {
+            "features": 1, "retrieval": 1, "ranking": 1, "gateway": 1}
+        assert busy["processes"]["querygen"] >= 1
     searches = sec["slo"]["searches"]
     assert [x["p99_bound_ms"] for x in searches] == s["sizes"]["slo_bounds_ms"]
     for x in searches:  # the two sides of each knee, with their steps' split by query
@@ -84,6 +92,7 @@ def test_characterize_quick_resumes_reports_and_compares(
     assert {r["what"].split()[0] for r in benches[1]["recalls"]} == {"served", "fp16", "bf16"}
     report = a / "report"
     assert "## Closed-loop concurrency sweep" in (report / MARKDOWN).read_text()
+    assert "What the peak kept busy: machine " in (report / MARKDOWN).read_text()
     assert "- CPU probe: " in (report / MARKDOWN).read_text() and "MB/s SHA-256" in (report / MARKDOWN).read_text()
     assert "_not measured: CPU run (--device cpu)._" in (report / MARKDOWN).read_text()
     # where the slowest 1% went, sequential and at the sweep's peak: the same queries' parts
@@ -137,6 +146,7 @@ def test_characterize_quick_resumes_reports_and_compares(
                     "## SLO search", "## Micro-benchmarks", "## Data paths", "## Verdict"):
         assert heading in text
     assert "b speed-up p50" in text and "- b: sequential end to end" in text
+    assert "- a's peak kept busy: machine " in text and "- b's peak kept busy: machine " in text
     for chart in ("curves.png", "stages.png"):
         assert (tmp_path / "ab" / chart).read_bytes().startswith(PNG)
 

@@ -1,0 +1,34 @@
+"""What a characterization's report says a run kept busy, and which resource it names as the limit
+(recpipe.characterize.load)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from recpipe.characterize import load
+
+
+def _load(machine: float | None, **cores: float) -> dict[str, Any]:
+    processes = {"gateway": 4, "ranking": 2, "querygen": 1}
+    return {"machine_busy": machine, "cores": cores, "processes": {k: processes.get(k, 1) for k in cores}}
+
+
+def test_the_busiest_group_is_the_one_with_most_cores_per_process() -> None:
+    # the gateway's four replicas use more cores together, but each of ranking's two uses more
+    assert load.busiest(_load(0.5, gateway=2.4, ranking=1.9, querygen=0.3)) == ("ranking", 0.95, 2)
+    assert load.busiest(_load(0.5, gateway=None)) is None  # type: ignore[arg-type]
+
+
+def test_the_machine_then_a_process_then_the_gpu_is_named_the_limit() -> None:
+    assert load.describe(_load(0.99, gateway=2.0, ranking=0.8)) == (
+        "machine 99% busy (all cores); busiest process: gateway at 0.50 cores each (4 processes): "
+        "the machine's cores were the limit.")
+    assert load.describe(_load(0.64, gateway=3.9, ranking=0.8), gpu_busy=0.3) == (
+        "machine 64% busy (all cores); busiest process: gateway at 0.97 cores each (4 processes); GPU 30% busy: "
+        "gateway's own thread was the likely limit (a Python thread holds one core at most).")
+    assert load.describe(_load(0.4, querygen=0.5), gpu_busy=0.93).endswith("GPU 93% busy: the GPU was the limit.")
+    assert load.describe(_load(0.2, querygen=0.3)) == (
+        "machine 20% busy (all cores); busiest process: querygen at 0.30 cores: "
+        "nothing was saturated: the time went to waiting (hops, batches, the clients).")
+    assert load.describe(_load(None, querygen=0.3)).startswith("machine load not readable; ")
+    assert load.describe(None) == load.describe({}) == ""  # a document from before loads were recorded
