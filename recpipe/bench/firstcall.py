@@ -141,7 +141,7 @@ def _wait_quiet(pid: int, timeout: float) -> float:
     """Wait until ``pid`` and its descendants (the stages, and the warm standbys ``recpipe serve`` starts
     once the chain is SERVING) are idle, so that the first calls are timed on the chain alone and not
     beside the standbys' imports and compilation; returns the monotonic instant."""
-    from recpipe.characterize.cputime import cpu_seconds
+    from recpipe.cputime import cpu_seconds
 
     def tree_cpu() -> float:
         pids, total = {pid}, 0.0

@@ -57,7 +57,7 @@ def _process_cpu_s(pid: int | None = None) -> float | None:
     if pid is None:
         r = resource.getrusage(resource.RUSAGE_SELF)
         return r.ru_utime + r.ru_stime
-    from recpipe.characterize.cputime import cpu_seconds
+    from recpipe.cputime import cpu_seconds
 
     return cpu_seconds(pid)
 
@@ -163,7 +163,7 @@ def _parse_list(text: str, flag: str, kind: type) -> list[Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from recpipe.characterize.cputime import machine_ticks
+    from recpipe.cputime import machine_ticks
     from recpipe.errors import UsageError
     from recpipe.querygen import loops
     from recpipe.querygen.config import parse_processes

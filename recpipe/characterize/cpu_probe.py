@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from recpipe.characterize import cputime
+from recpipe import cputime
 
 #: bytes hashed, and copied, per round
 HASH_BYTES = 8 << 20

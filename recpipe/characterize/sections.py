@@ -18,9 +18,10 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from recpipe import cputime
 from recpipe.accel.traffic import KEY as TRAFFIC_KEY
 from recpipe.accel.traffic import Traffic
-from recpipe.characterize import cpu_probe, cputime, datapaths, micro, ranking_batches
+from recpipe.characterize import cpu_probe, datapaths, micro, ranking_batches
 from recpipe.characterize.gpu import BusySampler
 from recpipe.characterize.settings import MIN_GAIN, Settings, cap_reason, past_sweep_bound
 from recpipe.config import STEPS

@@ -173,7 +173,7 @@ def test_report_refuses_a_mix_of_runs_and_characterizations(tmp_path: Path) -> N
 def test_cpu_seconds_of_a_process_grow_with_its_work() -> None:
     import os
 
-    from recpipe.characterize import cputime
+    from recpipe import cputime
 
     # a name's processes count together (a stage's replicas); one unreadable makes the sum unknown
     pids = {"me": [os.getpid()], "gone": [2**22 + 7], "me twice": [os.getpid(), os.getpid()],

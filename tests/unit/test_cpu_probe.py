@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from recpipe.characterize import compare, cpu_probe, cputime, document
+from recpipe import cputime
+from recpipe.characterize import compare, cpu_probe, document
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
