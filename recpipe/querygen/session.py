@@ -11,7 +11,7 @@ from typing import Any, TextIO
 
 import grpc.aio
 
-from recpipe import __version__
+from recpipe import __version__, cputime
 from recpipe.config import STEPS, TOTAL_STEP
 from recpipe.errors import UsageError
 from recpipe.gateway import STEP_STAGES, UPSTREAM
@@ -33,6 +33,8 @@ FORMAT_VERSION = 1
 NUM_USERS_KEY = "num_users"
 #: send lag p99 above this means the generator, not the server, limited the offered load
 LAG_WARN_US = 1000.0
+#: a run that kept the machine at least this busy (all cores) warns that it shared saturated cores
+MACHINE_BUSY_WARN = 0.95
 _PROBE_TIMEOUT_S = 1.0
 #: fewest queries an SLO step should hold for its p99 to mean something
 MIN_STEP_QUERIES = 100
@@ -80,6 +82,8 @@ class Step:
     senders: list[senders.SenderResult]
     #: why this many sender processes (``senders.plan``)
     processes_reason: str
+    #: the whole machine's CPU time when the step began and ended (None where /proc/stat is unreadable)
+    machine: tuple[cputime.MachineTicks, cputime.MachineTicks] | None = None
 
     @property
     def achieved(self) -> float:
@@ -119,7 +123,18 @@ def generator_block(config: QuerygenConfig, steps: list[Step]) -> dict[str, Any]
                      "cpu_us_per_query": round(spent / sent * 1e6, 1) if spent is not None and sent else None})
     return {"processes": n, "processes_requested": config.processes, "processes_reason": steps[-1].processes_reason,
             "usable_cores": usable_cores(), "senders": rows,
-            "sender_cpu_s": round(sum(s.sender_cpu_s for s in steps), 6)}
+            "sender_cpu_s": round(sum(s.sender_cpu_s for s in steps), 6), "machine_busy": machine_busy(steps)}
+
+
+def machine_busy(steps: list[Step]) -> float | None:
+    """The share of all the machine's cores that was busy over ``steps`` (warm-ups included), whoever
+    kept them busy: this generator, a chain on the same machine, other jobs; None where unreadable."""
+    spans = [s.machine for s in steps]
+    if not spans or any(span is None for span in spans):
+        return None
+    busy = sum(b.busy - a.busy for a, b in (span for span in spans if span is not None))
+    total = sum(b.total - a.total for a, b in (span for span in spans if span is not None))
+    return round(busy / total, 3) if total > 0 else None
 
 
 def summarise(m: Measurement) -> dict[str, Any]:
@@ -228,6 +243,12 @@ class Session:
         total_queries = cfg.queries if cfg.mode != "open" else None
         n, why = senders.plan(cfg.processes, cfg.mode, offered, cfg.concurrency, usable_cores())
         concurrency = cfg.concurrency if cfg.mode == "closed" else 1
+        start = cputime.machine_ticks()
+
+        def span() -> tuple[cputime.MachineTicks, cputime.MachineTicks] | None:
+            end = cputime.machine_ticks()
+            return None if start is None or end is None else (start, end)
+
         if n > 1:
             if self._pool is None:
                 self._pool = senders.SenderPool(cfg, self.num_users[0])
@@ -240,7 +261,7 @@ class Session:
                 jobs = [senders.closed_job(concurrency, warm, duration, cfg.queries, k, n) for k in range(n)]
                 planned = None
             results = await self._pool.measure(jobs)
-            return Step(merge([r.measurement for r in results]), planned, results, why)
+            return Step(merge([r.measurement for r in results]), planned, results, why, span())
         progress = Progress(self.stream, label, total_s=(planned or 0) + warm if not total_queries else None,
                             total_queries=total_queries)
         before = senders.cpu_s()
@@ -252,7 +273,7 @@ class Session:
             rec = await loops.run_closed(self.send, concurrency, warm, duration, cfg.queries, progress)
             planned = None
         m = rec.finish()
-        return Step(m, planned, [senders.SenderResult(0, m, round(senders.cpu_s() - before, 6))], why)
+        return Step(m, planned, [senders.SenderResult(0, m, round(senders.cpu_s() - before, 6))], why, span())
 
 
 def agree(values: list[float], percent: float) -> bool:
@@ -420,6 +441,10 @@ async def execute(config: QuerygenConfig, stream: TextIO | None = None) -> dict[
     if config.mode == "open" and gen["processes"] > 1 and behind:
         warnings.append("sender process" + "es" * (len(behind) > 1) + " fell behind: " + ", ".join(
             f"{s['process']} (send lag p99 {s['send_lag']['p99_us'] / 1000:.2f} ms)" for s in behind))
+    if gen["machine_busy"] is not None and gen["machine_busy"] >= MACHINE_BUSY_WARN:
+        warnings.append(f"the machine was {gen['machine_busy']:.0%} busy (all cores) during the run: the generator "
+                        "shared saturated cores with whatever runs here (the chain, if it does), so the latencies "
+                        "include waiting for a CPU; a generator on another machine measures the chain alone")
     if gen["processes"] > gen["usable_cores"]:
         warnings.append(f"{gen['processes']} sender processes on {gen['usable_cores']} usable cores: they compete "
                         "with each other (and with anything else here) for CPU")

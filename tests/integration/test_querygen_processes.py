@@ -62,6 +62,7 @@ def test_open_loop_from_two_processes_is_one_report_with_each_send_lag(
     # the queries' time by stage is merged too: the slowest 1% of all 400 are 4 queries
     assert doc["attribution"]["p99"]["queries"] == 4 and doc["attribution"]["median"]["queries"] == 40
     assert gen["sender_cpu_s"] == pytest.approx(sum(r["cpu_s"] for r in rows), abs=1e-5)
+    assert 0 < gen["machine_busy"] <= 1  # the whole machine's share of busy cores over the run (/proc/stat)
     # the table says so too
     assert "senders: 2 processes (--processes 2); send lag per process (ms) 0: p50" in summary_text(doc)
 
@@ -70,7 +71,7 @@ def test_one_process_documents_itself_as_the_only_sender(server: TestServerProce
     doc = _run(tmp_path, "open1", "--target", server.target, "--mode", "open", "--rate", "200", "--duration", "0.5",
                "--seed", "3")
     gen = doc["generator"]
-    assert gen["processes"] == 1 and gen["sender_cpu_s"] == 0
+    assert gen["processes"] == 1 and gen["sender_cpu_s"] == 0 and 0 < gen["machine_busy"] <= 1
     assert gen["senders"][0]["queries"] == doc["queries"] == 100
 
 
@@ -198,3 +199,31 @@ def test_ctrl_c_stops_every_sender(server: TestServerProcess) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_run_on_a_saturated_machine_says_its_latencies_include_waiting_for_a_cpu(
+        server: TestServerProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from recpipe.cputime import MachineTicks
+
+    readings = iter(range(1, 1000))  # each reading 100 jiffies later, 99 of them busy: a saturated machine
+    monkeypatch.setattr(session_module.cputime, "machine_ticks",
+                        lambda: MachineTicks(99 * (k := next(readings)), 0, 100 * k))
+    doc = _run(tmp_path, "busy", "--target", server.target, "--mode", "closed", "--concurrency", "2",
+               "--queries", "20")
+    assert doc["generator"]["machine_busy"] == 0.99
+    assert any(w.startswith("the machine was 99% busy (all cores) during the run: the generator shared saturated "
+                            "cores") for w in doc["warnings"]), doc["warnings"]
+    monkeypatch.undo()
+    calm = _run(tmp_path, "calm", "--target", server.target, "--mode", "closed", "--concurrency", "1", "--queries", "20")
+    assert not any(w.startswith("the machine was") for w in calm["warnings"]) or calm["generator"]["machine_busy"] >= 0.95
+    from recpipe.querygen.recorder import Recorder
+
+    def step(busy: int, total: int) -> session_module.Step:
+        span = (MachineTicks(0, 0, 0), MachineTicks(busy, 0, total))
+        return session_module.Step(Recorder(0.0).finish(), None, [], "", span)
+
+    # over two steps: (97 + 60) busy of (100 + 100)
+    assert session_module.machine_busy([step(97, 100), step(60, 100)]) == 0.785
+    assert session_module.machine_busy([step(97, 100)]) == 0.97 >= session_module.MACHINE_BUSY_WARN
+    unread = session_module.Step(Recorder(0.0).finish(), None, [], "")
+    assert session_module.machine_busy([step(97, 100), unread]) is None  # /proc/stat unreadable: unknown
