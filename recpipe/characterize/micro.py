@@ -53,7 +53,9 @@ def plan(settings: Settings) -> list[Bench]:
                      (*common, "--items", str(settings.num_candidates), "--queries", str(s.bench_calls), *timing)))
     out.append(Bench(f"hop candidates {settings.num_candidates}", "recpipe.bench.hop",
                      ("--calls", str(s.hop_calls), "--warmup", str(max(s.hop_calls // 10, 1)),
-                      "--candidates", str(settings.num_candidates), "--workers", str(settings.workers))))
+                      "--candidates", str(settings.num_candidates), "--workers", str(settings.workers),
+                      # and after 5 ms idle: what waking idle processes costs each hop of a lone query here
+                      "--idle-calls", str(max(s.hop_calls // 4, 10)), "--idle-ms", "5")))
     return out
 
 

@@ -41,7 +41,8 @@ CASES: dict[str, tuple[Callable[[Path, Path, Path, pytest.FixtureRequest, str], 
     "datagen": (lambda m, d, tmp, r, dev: ["--scale", "0.001", "--tmp", str(tmp)], False),
     "preprocess": (lambda m, d, tmp, r, dev: ["--data", str(d), "--max-vocab", "100"], False),
     "querygen": (lambda m, d, tmp, r, dev: ["--rates", "200", "--duration", "0.3", "--warmup", "0.1"], False),
-    "hop": (lambda m, d, tmp, r, dev: ["--calls", "20", "--warmup", "5", "--candidates", "50"], False),
+    "hop": (lambda m, d, tmp, r, dev: ["--calls", "20", "--warmup", "5", "--candidates", "50", "--idle-calls", "10",
+                                       "--idle-ms", "2"], False),
     "firstcall": (lambda m, d, tmp, r, dev: ["--models", str(m), "--data", str(d), "--precisions", "fp32",
                                              "--counts", "1,50", "--threads", "1", "--out", str(tmp / "fc")], False),
     "overload": (lambda m, d, tmp, r, dev: ["--target", r.getfixturevalue("serving_chain").gateway.address,
@@ -80,6 +81,9 @@ def test_bench_runs(name: str, device: str, small_models: Path, small_dataset: P
         assert (tmp_path / "fc" / "serve-fp32.log").exists() and (tmp_path / "fc" / "firstcall.json").exists()
         assert main(argv) == 2  # its results are not overwritten without --force, before any chain starts
         assert "pass --force" in capsys.readouterr().err
+    if name == "hop":  # back to back, then after 2 ms idle before each call
+        assert "bare grpc.aio echo after 2 ms idle" in out and "recpipe ranking stage (Rank) after 2 ms idle" in out
+        assert "after 2 ms idle the bare echo takes" in out and "(10 calls)" in out
     if name == "ranking":
         assert "served (fused + user-side once)" in out
         # 3 requests as one batch against one by one, in each form (same scores, asserted by the bench)
