@@ -121,32 +121,34 @@ def _percent(share: float | None) -> str:
 MACHINE_BOUND_BUSY = 0.95
 
 
-def _machine_line(by_n: dict[int, dict[str, float]], attributed_us: float) -> str:
+def _machine_line(by_n: dict[int, dict[str, float]]) -> str:
     """How busy the whole machine was in each number of processes' runs (medians), and what limited them:
     ``"the whole machine (all cores, /proc/stat): 1 process 52% busy (the generator was the limit), 2
     processes 99% busy (the machine was the limit: 690 us of its CPU per query, 168 of them outside
-    generator and target)"``; ``attributed_us`` is the generator's and the target's CPU per query."""
+    generator and target)"``."""
     parts = []
     for n, m in by_n.items():
         busy = m.get("machine_busy")
         if busy is None:
             continue
         part = f"{n} process{'es' if n > 1 else ''} {_percent(busy)}% busy"
-        if busy >= MACHINE_BOUND_BUSY:
-            per_query = m.get("machine_cpu_us_per_query")
-            part += " (the machine was the limit" + (
-                f": {per_query:.0f} us of its CPU per query, {max(0.0, per_query - attributed_us):.0f} of them outside "
-                "generator and target)" if per_query and n == 2 else ")")
-        else:
-            part += " (the generator was the limit)"
-        parts.append(part)
+        if busy < MACHINE_BOUND_BUSY:
+            parts.append(part + " (the generator was the limit)")
+            continue
+        part += " (the machine was the limit"
+        per_query = m.get("machine_cpu_us_per_query")
+        if per_query:
+            outside = per_query - m.get("generator_cpu_us_per_query", 0.0) - m.get("server_cpu_us_per_query", 0.0)
+            part += f": {per_query:.0f} us of its CPU per query, {max(0.0, outside):.0f} of them outside generator and target"
+        parts.append(part + ")")
     return "the whole machine (all cores, /proc/stat): " + (", ".join(parts) if parts else "not readable here")
 
 
 def _medians(runs: list[dict[str, Any]]) -> dict[str, float]:
     """The runs' medians of each measure that all of them have (the machine's is None where /proc/stat
     is not readable)."""
-    keys = ("lag_p99_us", "achieved_rate", "machine_busy", "machine_cpu_us_per_query")
+    keys = ("lag_p99_us", "achieved_rate", "generator_cpu_us_per_query", "server_cpu_us_per_query", "machine_busy",
+            "machine_cpu_us_per_query")
     return {k: statistics.median(float(r[k]) for r in runs) for k in keys if all(r.get(k) is not None for r in runs)}
 
 
@@ -249,7 +251,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  the machine's bound: {cores} cores / ({gen:.0f} generator + {srv:.0f} target us of CPU "
                       f"per query) = {cores / (gen + srv) * 1e6:.0f} q/s, {cores / (gen + srv) * 1e6 / one:.2f}x "
                       "one process's rate, before anything else on the machine takes its share")
-            print("  " + _machine_line(by_n, gen + srv))
+            print("  " + _machine_line(by_n))
     if args.json:
         print(json.dumps(results, indent=2))
     return 0

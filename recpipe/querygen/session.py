@@ -129,11 +129,11 @@ def generator_block(config: QuerygenConfig, steps: list[Step]) -> dict[str, Any]
 def machine_busy(steps: list[Step]) -> float | None:
     """The share of all the machine's cores that was busy over ``steps`` (warm-ups included), whoever
     kept them busy: this generator, a chain on the same machine, other jobs; None where unreadable."""
-    spans = [s.machine for s in steps]
-    if not spans or any(span is None for span in spans):
+    spans = [s.machine for s in steps if s.machine is not None]
+    if not spans or len(spans) < len(steps):
         return None
-    busy = sum(b.busy - a.busy for a, b in (span for span in spans if span is not None))
-    total = sum(b.total - a.total for a, b in (span for span in spans if span is not None))
+    busy = sum(b.busy - a.busy for a, b in spans)
+    total = sum(b.total - a.total for a, b in spans)
     return round(busy / total, 3) if total > 0 else None
 
 
@@ -243,9 +243,8 @@ class Session:
         total_queries = cfg.queries if cfg.mode != "open" else None
         n, why = senders.plan(cfg.processes, cfg.mode, offered, cfg.concurrency, usable_cores())
         concurrency = cfg.concurrency if cfg.mode == "closed" else 1
-        start = cputime.machine_ticks()
 
-        def span() -> tuple[cputime.MachineTicks, cputime.MachineTicks] | None:
+        def span(start: cputime.MachineTicks | None) -> tuple[cputime.MachineTicks, cputime.MachineTicks] | None:
             end = cputime.machine_ticks()
             return None if start is None or end is None else (start, end)
 
@@ -253,6 +252,7 @@ class Session:
             if self._pool is None:
                 self._pool = senders.SenderPool(cfg, self.num_users[0])
             await self._pool.grow(n)
+            start = cputime.machine_ticks()  # once the senders are up: starting them is not the run's load
             if cfg.mode == "open":
                 arrivals = self._schedule(rate, warm, planned, window)
                 jobs = [senders.open_job(arrivals, warm, k, n) for k in range(n)]
@@ -261,10 +261,10 @@ class Session:
                 jobs = [senders.closed_job(concurrency, warm, duration, cfg.queries, k, n) for k in range(n)]
                 planned = None
             results = await self._pool.measure(jobs)
-            return Step(merge([r.measurement for r in results]), planned, results, why, span())
+            return Step(merge([r.measurement for r in results]), planned, results, why, span(start))
         progress = Progress(self.stream, label, total_s=(planned or 0) + warm if not total_queries else None,
                             total_queries=total_queries)
-        before = senders.cpu_s()
+        before, start = senders.cpu_s(), cputime.machine_ticks()
         if cfg.mode == "open":
             arrivals = self._schedule(rate, warm, planned, window)
             rec = await loops.run_open(self.send, arrivals.tolist(), warm, progress)
@@ -273,7 +273,7 @@ class Session:
             rec = await loops.run_closed(self.send, concurrency, warm, duration, cfg.queries, progress)
             planned = None
         m = rec.finish()
-        return Step(m, planned, [senders.SenderResult(0, m, round(senders.cpu_s() - before, 6))], why, span())
+        return Step(m, planned, [senders.SenderResult(0, m, round(senders.cpu_s() - before, 6))], why, span(start))
 
 
 def agree(values: list[float], percent: float) -> bool:

@@ -207,8 +207,9 @@ def test_bench_querygen_says_whether_the_generator_or_the_machine_was_the_limit(
     from recpipe.bench.querygen import _machine_line
 
     line = _machine_line({1: {"machine_busy": 0.52, "machine_cpu_us_per_query": 600.0},
-                          2: {"machine_busy": 0.99, "machine_cpu_us_per_query": 690.0}}, attributed_us=522.0)
+                          2: {"machine_busy": 0.99, "machine_cpu_us_per_query": 690.0,
+                              "generator_cpu_us_per_query": 350.0, "server_cpu_us_per_query": 172.0}})
     assert line == ("the whole machine (all cores, /proc/stat): 1 process 52% busy (the generator was the limit), "
                     "2 processes 99% busy (the machine was the limit: 690 us of its CPU per query, 168 of them "
                     "outside generator and target)")
-    assert _machine_line({1: {}, 2: {}}, 500.0).endswith("not readable here")
+    assert _machine_line({1: {}, 2: {}}).endswith("not readable here")
