@@ -16,6 +16,8 @@ from typing import Any
 MACHINE_BOUND = 0.95
 #: cores per process from which a process group is named a likely limit (its one Python thread)
 PROCESS_BOUND = 0.9
+#: cores per process from which a group evidently ran several busy threads (compute threads beside its loop)
+SEVERAL_THREADS = 1.5
 #: a GPU busy at least this share of the time was the limit
 GPU_BOUND = 0.9
 
@@ -47,6 +49,8 @@ def describe(load: dict[str, Any] | None, gpu_busy: float | None = None) -> str:
         parts.append(f"GPU {gpu_busy:.0%} busy")
     if share is not None and share >= MACHINE_BOUND:
         verdict = "the machine's cores were the limit"
+    elif top is not None and top[1] >= SEVERAL_THREADS:
+        verdict = f"{top[0]} ran several busy threads: their number was the likely limit"
     elif top is not None and top[1] >= PROCESS_BOUND:
         verdict = f"{top[0]}'s own thread was the likely limit (a Python thread holds one core at most)"
     elif gpu_busy is not None and gpu_busy >= GPU_BOUND:

@@ -26,6 +26,9 @@ def test_the_machine_then_a_process_then_the_gpu_is_named_the_limit() -> None:
     assert load.describe(_load(0.64, gateway=3.9, ranking=0.8), gpu_busy=0.3) == (
         "machine 64% busy (all cores); busiest process: gateway at 0.97 cores each (4 processes); GPU 30% busy: "
         "gateway's own thread was the likely limit (a Python thread holds one core at most).")
+    assert load.describe(_load(0.6, ranking=5.0)).endswith(  # 2.5 cores each: not one thread's cap
+        "busiest process: ranking at 2.50 cores each (2 processes): ranking ran several busy threads: their number "
+        "was the likely limit.")
     assert load.describe(_load(0.4, querygen=0.5), gpu_busy=0.93).endswith("GPU 93% busy: the GPU was the limit.")
     assert load.describe(_load(0.2, querygen=0.3)) == (
         "machine 20% busy (all cores); busiest process: querygen at 0.30 cores: "
