@@ -10,6 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+#: A machine at least this busy (share of all its cores) over a run was saturated: its cores, not what
+#: ran on them, were the run's limit (querygen warns, bench querygen and characterize name it the limit).
+SATURATED = 0.95
 
 
 def cpu_seconds(pid: int) -> float | None:

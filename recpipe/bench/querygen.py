@@ -25,6 +25,8 @@ import resource
 import statistics
 from typing import Any
 
+from recpipe import cputime
+
 TARGET_RATE = 2000.0
 TARGET_LAG_P99_US = 1000.0
 #: done when: where one sender process cannot offer the rate, two offer at least this many times more
@@ -57,9 +59,7 @@ def _process_cpu_s(pid: int | None = None) -> float | None:
     if pid is None:
         r = resource.getrusage(resource.RUSAGE_SELF)
         return r.ru_utime + r.ru_stime
-    from recpipe.cputime import cpu_seconds
-
-    return cpu_seconds(pid)
+    return cputime.cpu_seconds(pid)
 
 
 def _row(rate: float, m: Any, achieved: float) -> dict[str, Any]:
@@ -117,10 +117,6 @@ def _percent(share: float | None) -> str:
     return "-" if share is None else f"{100 * share:.0f}"
 
 
-#: a machine at least this busy during a run was the run's limit, whatever the generator could do
-MACHINE_BOUND_BUSY = 0.95
-
-
 def _machine_line(by_n: dict[int, dict[str, float]]) -> str:
     """How busy the whole machine was in each number of processes' runs (medians), and what limited them:
     ``"the whole machine (all cores, /proc/stat): 1 process 52% busy (the generator was the limit), 2
@@ -132,7 +128,7 @@ def _machine_line(by_n: dict[int, dict[str, float]]) -> str:
         if busy is None:
             continue
         part = f"{n} process{'es' if n > 1 else ''} {_percent(busy)}% busy"
-        if busy < MACHINE_BOUND_BUSY:
+        if busy < cputime.SATURATED:
             parts.append(part + " (the generator was the limit)")
             continue
         part += " (the machine was the limit"
@@ -165,7 +161,6 @@ def _parse_list(text: str, flag: str, kind: type) -> list[Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from recpipe.cputime import machine_ticks
     from recpipe.errors import UsageError
     from recpipe.querygen import loops
     from recpipe.querygen.config import parse_processes
@@ -189,13 +184,13 @@ def run(args: argparse.Namespace) -> int:
         for rate, round_ in itertools.product(rates, range(args.repeat)):
             # alternate the order between rounds, so a drift in the machine's load favours no variant
             for name, n in variants if round_ % 2 == 0 else variants[::-1]:
-                srv0, machine0 = _process_cpu_s(server.pid), machine_ticks()
+                srv0, machine0 = _process_cpu_s(server.pid), cputime.machine_ticks()
                 if name == NAIVE:
                     with asyncio.Runner(loop_factory=asyncio.new_event_loop) as runner:
                         r, gen_cpu = runner.run(_naive(server.target, rate, args))
                 else:
                     r, gen_cpu = loops.run(_senders(server.target, rate, n, args))
-                srv1, machine1 = _process_cpu_s(server.pid), machine_ticks()
+                srv1, machine1 = _process_cpu_s(server.pid), cputime.machine_ticks()
                 sent = r["queries"] + r.pop("warmup_queries")
                 # CPU per query (all threads, gRPC's included): what bounds the rate on a busy machine.
                 r["generator_cpu_us_per_query"] = round(gen_cpu / sent * 1e6) if sent else None

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-#: a machine at least this busy (share of all its cores) was the limit
-MACHINE_BOUND = 0.95
+from recpipe import cputime
+
 #: cores per process from which a process group is named a likely limit (its one Python thread)
 PROCESS_BOUND = 0.9
 #: cores per process from which a group evidently ran several busy threads (compute threads beside its loop)
@@ -47,7 +47,7 @@ def describe(load: dict[str, Any] | None, gpu_busy: float | None = None) -> str:
         parts.append(f"busiest process: {name} at {per:.2f} cores" + (f" each ({n} processes)" if n > 1 else ""))
     if gpu_busy is not None:
         parts.append(f"GPU {gpu_busy:.0%} busy")
-    if share is not None and share >= MACHINE_BOUND:
+    if share is not None and share >= cputime.SATURATED:
         verdict = "the machine's cores were the limit"
     elif top is not None and top[1] >= SEVERAL_THREADS:
         verdict = f"{top[0]} ran several busy threads: their number was the likely limit"

@@ -33,8 +33,6 @@ FORMAT_VERSION = 1
 NUM_USERS_KEY = "num_users"
 #: send lag p99 above this means the generator, not the server, limited the offered load
 LAG_WARN_US = 1000.0
-#: a run that kept the machine at least this busy (all cores) warns that it shared saturated cores
-MACHINE_BUSY_WARN = 0.95
 _PROBE_TIMEOUT_S = 1.0
 #: fewest queries an SLO step should hold for its p99 to mean something
 MIN_STEP_QUERIES = 100
@@ -441,7 +439,7 @@ async def execute(config: QuerygenConfig, stream: TextIO | None = None) -> dict[
     if config.mode == "open" and gen["processes"] > 1 and behind:
         warnings.append("sender process" + "es" * (len(behind) > 1) + " fell behind: " + ", ".join(
             f"{s['process']} (send lag p99 {s['send_lag']['p99_us'] / 1000:.2f} ms)" for s in behind))
-    if gen["machine_busy"] is not None and gen["machine_busy"] >= MACHINE_BUSY_WARN:
+    if gen["machine_busy"] is not None and gen["machine_busy"] >= cputime.SATURATED:
         warnings.append(f"the machine was {gen['machine_busy']:.0%} busy (all cores) during the run: the generator "
                         "shared saturated cores with whatever runs here (the chain, if it does), so the latencies "
                         "include waiting for a CPU; a generator on another machine measures the chain alone")

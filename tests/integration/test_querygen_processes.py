@@ -224,6 +224,6 @@ def test_a_run_on_a_saturated_machine_says_its_latencies_include_waiting_for_a_c
 
     # over two steps: (97 + 60) busy of (100 + 100)
     assert session_module.machine_busy([step(97, 100), step(60, 100)]) == 0.785
-    assert session_module.machine_busy([step(97, 100)]) == 0.97 >= session_module.MACHINE_BUSY_WARN
+    assert session_module.machine_busy([step(97, 100)]) == 0.97 >= session_module.cputime.SATURATED
     unread = session_module.Step(Recorder(0.0).finish(), None, [], "")
     assert session_module.machine_busy([step(97, 100), unread]) is None  # /proc/stat unreadable: unknown
