@@ -13,6 +13,12 @@ calls already seen. Only a short call runs inline, and only where inline calls a
 the thread: first calls of a size are where allocations grow and compiled or captured forms are built.
 A call that takes much longer than predicted is still held inline once; it raises the average, which
 sends the calls after it to the thread until the average has come back down.
+
+``CallCost`` also adds up the CPU time its calls spent (``cpu_s``): the CPU clock of the thread each
+call ran on, inline or not, around the core call alone. A stage reports the sum over its entry points
+in GetInfo (``COMPUTE_CPU_KEY``), so a measurement can set a stage's own computing against all the CPU
+its process spent: the rest is serving it (gRPC, asyncio, decoding and encoding, batching, health).
+Threads a library starts for itself (torch or FAISS with ``--threads`` above 1) are not in it.
 """
 
 from __future__ import annotations
@@ -31,6 +37,9 @@ T = TypeVar("T")
 INLINE_MAX_S = 0.010
 #: Weight of the newest call in the average.
 _EWMA = 0.2
+#: GetInfo ``details`` key of a stage's core calls' CPU seconds so far, all entry points together
+#: (``CallCost.cpu_s``), as a decimal string
+COMPUTE_CPU_KEY = "compute_cpu_s"
 
 
 class CallCost:
@@ -41,6 +50,8 @@ class CallCost:
         self.row_s: float | None = None
         #: The most rows one call has had so far.
         self.max_rows = 0
+        #: CPU seconds the calls spent so far, on the threads they ran on
+        self.cpu_s = 0.0
         self._lock = threading.Lock()  # calls may finish on the loop and on a thread at once
 
     def predict_s(self, rows: int) -> float | None:
@@ -56,19 +67,22 @@ class CallCost:
 
     def call(self, fn: Callable[[A], T], arg: A, rows: int) -> T:
         """``fn(arg)``, a call of ``rows``, timed where it runs (so a thread hop is not counted: the
-        estimate is of how long the call would hold the loop) and learnt, even when it raises."""
+        estimate is of how long the call would hold the loop) and learnt, even when it raises; its
+        thread's CPU time is added to ``cpu_s``."""
+        cpu = time.thread_time_ns()
         start = time.perf_counter()
         try:
             return fn(arg)
         finally:
-            self.learn(time.perf_counter() - start, rows)
+            self.learn(time.perf_counter() - start, rows, (time.thread_time_ns() - cpu) / 1e9)
 
-    def learn(self, seconds: float, rows: int) -> None:
-        """Fold a call of ``rows`` that took ``seconds`` into the estimate."""
+    def learn(self, seconds: float, rows: int, cpu_s: float = 0.0) -> None:
+        """Fold a call of ``rows`` that took ``seconds`` (and ``cpu_s`` of CPU) into the estimate."""
         per_row = seconds / max(rows, 1)
         with self._lock:
             self.row_s = per_row if self.row_s is None else (1 - _EWMA) * self.row_s + _EWMA * per_row
             self.max_rows = max(self.max_rows, rows)
+            self.cpu_s += cpu_s
 
 
 def start_thread(pool: ThreadPoolExecutor) -> None:

@@ -19,7 +19,7 @@ from recpipe.errors import DeadlineExceeded, RecpipeError, StageUnavailable, cli
 from recpipe.serving import codec, nvtx
 from recpipe.serving import threads as thread_settings
 from recpipe.serving.batcher import BatchConfig, Batched, Batcher
-from recpipe.serving.inline import CallCost, start_thread
+from recpipe.serving.inline import COMPUTE_CPU_KEY, CallCost, start_thread
 from recpipe.serving.status import code_for
 
 if TYPE_CHECKING:
@@ -173,7 +173,14 @@ overlap; a batcher makes one call at a time.
         if core is None:
             return StageInfo(self.name, threads=self._threads, details={"state": "loading"})
         return StageInfo(self.name, getattr(core, "device", "cpu"), getattr(core, "model_version", ""),
-                         self._threads, {**self.describe(core), **self.batch_details()})
+                         self._threads, {**self.describe(core), **self.batch_details(),
+                                         COMPUTE_CPU_KEY: f"{self.compute_cpu_s():.6f}"})
+
+    def compute_cpu_s(self) -> float:
+        """The CPU seconds the core's calls spent so far, every entry point, batched or not
+        (``CallCost.cpu_s``)."""
+        costs = [b.cost for b in self._batchers.values()] + list(self._costs.values())
+        return sum(c.cpu_s for c in costs)
 
     def batch_details(self) -> dict[str, str]:
         """The batching knobs in force ("auto" resolved once the core is loaded), for InfoService."""

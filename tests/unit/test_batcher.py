@@ -8,6 +8,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -335,6 +336,28 @@ def test_call_cost_predicts_from_seconds_per_row_and_only_within_the_sizes_seen(
     cost.learn(0.2, 5000)  # 40 µs per row, in a call of 5000: the average moves a fifth of the way
     assert cost.row_s == pytest.approx(0.8 * 4e-6 + 0.2 * 40e-6)
     assert cost.max_rows == 5000 and not cost.short(5000) and cost.short(500)
+
+
+def _spin(seconds: float) -> float:
+    start = time.thread_time()
+    while time.thread_time() - start < seconds:
+        pass
+    return seconds
+
+
+def test_call_cost_adds_up_the_cpu_its_calls_spent_on_the_threads_they_ran_on() -> None:
+    cost = CallCost()
+    assert cost.cpu_s == 0.0
+    cost.call(_spin, 0.02, 1)  # inline: this thread
+    assert 0.02 <= cost.cpu_s < 0.5
+    cost.call(time.sleep, 0.05, 1)  # waiting is not computing
+    assert cost.cpu_s < 0.02 + 0.02
+    with ThreadPoolExecutor(1) as pool:  # on a core thread, as a batcher runs it
+        pool.submit(cost.call, _spin, 0.02, 1).result()
+    assert 0.04 <= cost.cpu_s < 0.5
+    with pytest.raises(ZeroDivisionError):  # a call that raises still counts what it spent
+        cost.call(lambda x: _spin(x) / 0, 0.01, 1)
+    assert cost.cpu_s >= 0.05
 
 
 def test_one_long_call_sends_the_next_ones_to_the_thread_until_the_average_recovers() -> None:
