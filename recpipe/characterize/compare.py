@@ -192,7 +192,10 @@ def _cpu(runs: Runs) -> list[str]:
         cells = ["-" if v is None else f"{v * 1000:.2f}" for v in values]
         cells += [_x(_ratio(base[proc], v)) for v in values[1:]]
         out.append(f"| {proc} | " + " | ".join(cells) + " |")
-    return [*out, ""]
+    own = [line for lb, doc in runs if (line := report.own_work(
+        f"- {lb}", doc["sections"]["sequential"]["cpu_s_per_query"],
+        doc["sections"]["sequential"].get("compute_cpu_s_per_query")))]
+    return [*out, "", *own, *([""] if own else [])]
 
 
 def _sweep(runs: Runs) -> list[str]:

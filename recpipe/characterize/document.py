@@ -10,7 +10,8 @@
 
 A section is in ``sections`` only once it finished, so a rerun with the same --out skips it. A document
 written before a section existed (``data_paths``, and ``transfers_per_query`` in ``sequential``) is
-still read: the report says "not measured" where it lacks one.
+still read: the report says "not measured" where it lacks one, and says nothing of a part it lacks
+(``load`` and ``compute_cpu_s_per_query`` in ``sequential`` and the sweep's points).
 """
 
 from __future__ import annotations

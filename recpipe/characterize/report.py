@@ -5,8 +5,8 @@
 - ``stages.png``: the per-stage stack (p50 of each stage, sequential and at each sweep point);
 - ``split.png``: where each stage's time goes in the sequential run: queue, compute, the rest of the
   server's time, and the network (time the gateway saw minus the server's own), means in ms.
-The Markdown adds the platform, the settings, the SLO searches, CPU seconds per query per process, the
-micro-benchmark rows and the data paths between CPU and GPU (copy bandwidth, small-copy latency,
+The Markdown adds the platform, the settings, the SLO searches, CPU seconds per query per process (and
+how much of each stage's its own core calls took), the micro-benchmark rows and the data paths between CPU and GPU (copy bandwidth, small-copy latency,
 gathers from host and GPU memory, the placement advice, and each stage's copies per query and the time
 they take on those paths). Rewritten on every run (the directory is the command's own output).
 """
@@ -165,6 +165,8 @@ def markdown(doc: dict[str, Any], charts: tuple[str, ...] = CHARTS) -> str:
         out += [f"| **end to end** | {_ms(e['p50_us'])} | {_ms(e['p99_us'])} | | | | |", ""]
         out += _tail_line("Sequential", seq.get("attribution"))
         out += _cpu_table("CPU seconds per query (ms of CPU) per process, sequential:", seq["cpu_s_per_query"])
+        if own := own_work("Sequential", seq["cpu_s_per_query"], seq.get("compute_cpu_s_per_query")):
+            out += [own, ""]
         out += _gpu_line(seq)
     if sweep := sec.get("sweep"):
         out += ["## Closed-loop concurrency sweep", "", f"Stopped: {sweep['stop_reason']}. Peak "
@@ -185,6 +187,9 @@ def markdown(doc: dict[str, Any], charts: tuple[str, ...] = CHARTS) -> str:
                                 peak.get("attribution") if peak else None), *_gpu_line(sweep)]
         if peak is not None and (what := load.describe(peak.get("load"), peak.get("gpu_busy"))):
             out += [f"What the peak kept busy: {what}", ""]
+        if peak is not None and (own := own_work(f"At the peak ({sweep['peak_concurrency']} clients)",
+                                                 peak["cpu_s_per_query"], peak.get("compute_cpu_s_per_query"))):
+            out += [own, ""]
     if slo := sec.get("slo"):
         out += ["## SLO search (highest open-loop rate with end-to-end p99 under the bound)", "",
                 "| p99 bound ms | max rate q/s | steps | queries at the knee (met / missed) |", "|---|---|---|---|"]
@@ -243,6 +248,21 @@ def _cpu_ms(v: float | None) -> str:
 def _cpu_table(head: str, cpu: dict[str, float | None]) -> list[str]:
     return [head, "", "| " + " | ".join(cpu) + " |", "|---" * len(cpu) + "|",
             "| " + " | ".join(_cpu_ms(v) for v in cpu.values()) + " |", ""]
+
+
+def own_work(where: str, cpu: dict[str, float | None], compute: dict[str, float | None] | None) -> str | None:
+    """A line on how much of each stage's CPU per query its own core calls took (``compute_cpu_s_per_query``),
+    the rest being what serving them cost; None for a document from before the split was measured."""
+    parts = []
+    for stage, spent in (compute or {}).items():
+        total = cpu.get(stage)
+        if spent is not None and total:
+            parts.append(f"{stage} {_cpu_ms(spent)} of {_cpu_ms(total)} ({spent / total:.0%})")
+    if not parts:
+        return None
+    return (f"{where}, the stages' own computing (their core calls' CPU, ms per query, of all their process's): "
+            + ", ".join(parts) + "; the rest of each is serving the calls (gRPC, asyncio, decoding and encoding, "
+            "batching, health).")
 
 
 #: fewest queries in the slowest 1% for the report to say where their time went (500 sequential queries)

@@ -2,7 +2,9 @@
 
 The serving sections (sequential, sweep, slo) share one chain of stage processes started the way
 ``recpipe demo`` starts it, and measure through ``recpipe.querygen.session.execute``; CPU time is read
-from the supervised stage processes (and this process, the generator) around each measurement.
+from the supervised stage processes (and this process, the generator) around each measurement, and the
+CPU time of the stages' own core calls from their GetInfo (``recpipe.serving.inline.COMPUTE_CPU_KEY``),
+so each stage's CPU per query splits into its computing and the serving around it.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from recpipe.characterize.settings import MIN_GAIN, Settings, cap_reason, past_s
 from recpipe.config import STEPS
 from recpipe.querygen import slo
 from recpipe.querygen.session import MIN_STEP_QUERIES
+from recpipe.serving.inline import COMPUTE_CPU_KEY
 from recpipe.serving.threads import usable_cores
 
 #: the generator's own CPU time is recorded beside the stages' under this name
@@ -92,32 +95,54 @@ class Chain:
         """CPU seconds per stage (its replicas together) and of this process."""
         return cputime.snapshot({**self.pids, GENERATOR: [os.getpid()]})
 
-    def traffic(self) -> dict[str, Traffic | None]:
-        """What each stage that reports its copies (GetInfo details ``transfers``) copied so far."""
+    def counters(self) -> Counters:
+        """What each stage reports of itself in GetInfo so far, its replicas added up (``Counters``)."""
         from recpipe.querygen import loops
 
-        return loops.run(_traffic(self.addresses))
+        return loops.run(_counters(self.addresses))
 
 
-async def _traffic(addresses: dict[str, list[str]]) -> dict[str, Traffic | None]:
+@dataclass(frozen=True)
+class Counters:
+    """Per stage, its running counts from GetInfo ``details``, its replicas added up: ``traffic``, what
+    it copied between host and device (``recpipe.accel.traffic``), for the stages that report it;
+    ``compute_s``, the CPU seconds of its core calls (None where a replica did not say: the gateway,
+    which has no core, or a stage from before the count)."""
+
+    traffic: dict[str, Traffic | None]
+    compute_s: dict[str, float | None]
+
+
+async def _counters(addresses: dict[str, list[str]]) -> Counters:
     from recpipe.errors import UsageError
     from recpipe.querygen import clients
 
-    out: dict[str, Traffic | None] = {}
+    traffic: dict[str, Traffic | None] = {}
+    compute: dict[str, float | None] = {}
     for name, targets in addresses.items():
-        for target in targets:  # a stage's replicas each count their own
+        for i, target in enumerate(targets):  # a stage's replicas each count their own
+            details: dict[str, str] = {}
             try:
                 channel = await clients.connect(target)
             except UsageError:
-                continue
-            try:
-                info = await clients.get_info(channel)
-            finally:
-                await channel.close(None)
-            text = ((info or {}).get("details") or {}).get(TRAFFIC_KEY)
-            if text is not None:
-                out[name] = _plus(out.get(name), Traffic.parse(text))
-    return out
+                channel = None
+            if channel is not None:
+                try:
+                    details = (await clients.get_info(channel) or {}).get("details") or {}
+                finally:
+                    await channel.close(None)
+            if (text := details.get(TRAFFIC_KEY)) is not None:
+                traffic[name] = _plus(traffic.get(name), Traffic.parse(text))
+            spent, so_far = _seconds(details.get(COMPUTE_CPU_KEY)), compute.get(name)
+            compute[name] = spent if i == 0 else None if spent is None or so_far is None else so_far + spent
+    return Counters(traffic, compute)
+
+
+def _seconds(text: str | None) -> float | None:
+    try:
+        return None if text is None else float(text)
+    except ValueError:
+        return None
 
 
 def _plus(a: Traffic | None, b: Traffic | None) -> Traffic | None:
@@ -177,17 +202,40 @@ def _config(settings: Settings, target: str, **kw: Any) -> Any:
                           processes=processes, **kw)
 
 
-def _measure(ch: Chain, config: Any) -> tuple[dict[str, Any], dict[str, float | None], dict[str, Any]]:
-    """One querygen run, the CPU seconds per query each process spent on it (warm-up included) and its
-    load (``_load``)."""
+@dataclass(frozen=True)
+class Measured:
+    """One querygen run (``doc``) and what it cost: ``cpu``, the CPU seconds per query of each process
+    group (warm-up included); ``load`` (``_load``); ``compute``, the CPU seconds per query of each
+    stage's own core calls (``Counters.compute_s``); and the stages' counters before and after."""
+
+    doc: dict[str, Any]
+    cpu: dict[str, float | None]
+    load: dict[str, Any]
+    compute: dict[str, float | None]
+    before: Counters
+    after: Counters
+
+
+def _measure(ch: Chain, config: Any) -> Measured:
+    """One querygen run and what it cost (``Measured``)."""
     from recpipe.querygen import loops, session
 
+    counters0 = ch.counters()
     before, machine0, t0 = ch.cpu(), cputime.machine_ticks(), time.monotonic()
     doc = loops.run(session.execute(config))
     after, machine1, wall = ch.cpu(), cputime.machine_ticks(), time.monotonic() - t0
+    counters1 = ch.counters()
     sent = doc["queries"] + doc["warmup_queries"]
     after = _with_senders(after, doc["generator"]["sender_cpu_s"])
-    return doc, cputime.per_query(before, after, sent), _load(ch, doc, before, after, machine0, machine1, wall)
+    return Measured(doc, cputime.per_query(before, after, sent), _load(ch, doc, before, after, machine0, machine1, wall),
+                    _compute_per_query(counters0, counters1, sent), counters0, counters1)
+
+
+def _compute_per_query(before: Counters, after: Counters, queries: int) -> dict[str, float | None]:
+    """Per stage that reports it, its core calls' CPU seconds per query between two readings (None
+    where a reading is missing or went back: a replica restarted)."""
+    known = {k: v for k, v in before.compute_s.items() if v is not None or after.compute_s.get(k) is not None}
+    return cputime.per_query(known, after.compute_s, queries)
 
 
 def _load(ch: Chain, doc: dict[str, Any], before: dict[str, float | None], after: dict[str, float | None],
@@ -228,14 +276,15 @@ def sequential_section(settings: Settings, ch: Chain) -> dict[str, Any]:
     """The sequential run, with what the stages copied between host and device per query (from their
     GetInfo before and after: ``recpipe.accel.traffic``)."""
     config = _config(settings, ch.gateway, mode="sequential", queries=settings.sizes.sequential_queries)
-    before = ch.traffic()
-    doc, cpu, load = _measure(ch, config)
-    transfers = datapaths.per_query(before, ch.traffic(), doc["queries"] + doc["warmup_queries"])
+    m = _measure(ch, config)
+    doc = m.doc
+    transfers = datapaths.per_query(m.before.traffic, m.after.traffic, doc["queries"] + doc["warmup_queries"])
     return {
         "queries": doc["queries"], "errors": doc["errors"], "achieved_rate": doc["achieved_rate"],
         "end_to_end": doc["end_to_end"], "pipeline_total": _pcts(doc["pipeline_total"]),
         "stages": {s: _stage_block(doc["stages"][s]) for s in STEPS},
-        "cpu_s_per_query": cpu, "load": load, "transfers_per_query": transfers, "pipeline": doc["pipeline"],
+        "cpu_s_per_query": m.cpu, "compute_cpu_s_per_query": m.compute, "load": m.load,
+        "transfers_per_query": transfers, "pipeline": doc["pipeline"],
         "model_version": doc["model_version"], "warnings": doc["warnings"], "attribution": doc["attribution"],
     }
 
@@ -257,13 +306,14 @@ def sweep_section(settings: Settings, ch: Chain, time_left: Callable[[], float],
             break
         say(f"sweep: {c} client{'s' * (c != 1)} for {s.point_s:g} s")
         mark = busy.mark() if busy is not None else 0
-        doc, cpu, load = _measure(ch, _config(settings, ch.gateway, mode="closed", concurrency=c, duration=s.point_s))
+        m = _measure(ch, _config(settings, ch.gateway, mode="closed", concurrency=c, duration=s.point_s))
+        doc = m.doc
         e2e = doc["end_to_end"]
         points.append({"concurrency": c, "throughput": doc["achieved_rate"], "queries": doc["queries"],
                        "errors": doc["errors"], "p50_us": e2e["p50_us"], "p99_us": e2e["p99_us"],
                        "stages": {st: {"p50_us": doc["stages"][st]["p50_us"], "p99_us": doc["stages"][st]["p99_us"]}
                                   for st in STEPS},
-                       "cpu_s_per_query": cpu, "load": load,
+                       "cpu_s_per_query": m.cpu, "compute_cpu_s_per_query": m.compute, "load": m.load,
                        "gpu_busy": busy.fraction_since(mark) if busy is not None else None,
                        "attribution": doc["attribution"]})
         say(f"sweep: {c} clients -> {doc['achieved_rate']:.1f} q/s, p99 {e2e['p99_us'] / 1000:.2f} ms")

@@ -51,6 +51,12 @@ def test_characterize_quick_resumes_reports_and_compares(
     # CPU seconds per query of every stage process and of the generator, read from /proc
     assert set(seq["cpu_s_per_query"]) == {"features", "retrieval", "ranking", "gateway", "querygen"}
     assert all(v is not None and v > 0 for v in seq["cpu_s_per_query"].values())
+    # of it, each stage's own core calls (their threads' CPU, from GetInfo before and after): some of its
+    # process's CPU, never all; the gateway has no core
+    for p in [seq, *sec["sweep"]["points"]]:
+        own = p["compute_cpu_s_per_query"]
+        assert set(own) == {"features", "retrieval", "ranking"}, own
+        assert all(v is not None and 0 < v < p["cpu_s_per_query"][st] for st, v in own.items()), (own, p["cpu_s_per_query"])
     assert seq["gpu_busy"] == {"measured": False, "reason": "CPU run (--device cpu)"}
     # what retrieval and ranking copied between host and device per query (GetInfo before and after):
     # nothing crosses on the CPU; ranking fetched one result per query
@@ -93,6 +99,8 @@ def test_characterize_quick_resumes_reports_and_compares(
     report = a / "report"
     assert "## Closed-loop concurrency sweep" in (report / MARKDOWN).read_text()
     assert "What the peak kept busy: machine " in (report / MARKDOWN).read_text()
+    assert "Sequential, the stages' own computing (their core calls' CPU" in (report / MARKDOWN).read_text()
+    assert "clients), the stages' own computing" in (report / MARKDOWN).read_text()
     assert "- CPU probe: " in (report / MARKDOWN).read_text() and "MB/s SHA-256" in (report / MARKDOWN).read_text()
     assert "_not measured: CPU run (--device cpu)._" in (report / MARKDOWN).read_text()
     # where the slowest 1% went, sequential and at the sweep's peak: the same queries' parts
@@ -147,6 +155,7 @@ def test_characterize_quick_resumes_reports_and_compares(
         assert heading in text
     assert "b speed-up p50" in text and "- b: sequential end to end" in text
     assert "- a's peak kept busy: machine " in text and "- b's peak kept busy: machine " in text
+    assert "- a, the stages' own computing" in text and "- b, the stages' own computing" in text
     for chart in ("curves.png", "stages.png"):
         assert (tmp_path / "ab" / chart).read_bytes().startswith(PNG)
 
