@@ -193,8 +193,8 @@ def _cpu(runs: Runs) -> list[str]:
         cells += [_x(_ratio(base[proc], v)) for v in values[1:]]
         out.append(f"| {proc} | " + " | ".join(cells) + " |")
     own = [line for lb, doc in runs if (line := report.own_work(
-        f"- {lb}", doc["sections"]["sequential"]["cpu_s_per_query"],
-        doc["sections"]["sequential"].get("compute_cpu_s_per_query")))]
+        f"- {lb}", (seq := doc["sections"]["sequential"])["cpu_s_per_query"], seq.get("compute_cpu_s_per_query"),
+        report.threads(seq)))]
     return [*out, "", *own, *([""] if own else [])]
 
 

@@ -6,8 +6,8 @@
 - ``split.png``: where each stage's time goes in the sequential run: queue, compute, the rest of the
   server's time, and the network (time the gateway saw minus the server's own), means in ms.
 The Markdown adds the platform, the settings, the SLO searches, CPU seconds per query per process (and
-how much of each stage's its own core calls took), the micro-benchmark rows and the data paths between CPU and GPU (copy bandwidth, small-copy latency,
-gathers from host and GPU memory, the placement advice, and each stage's copies per query and the time
+how much of each stage's its own core calls took), the micro-benchmark rows and the data paths between
+CPU and GPU (copy bandwidth, small-copy latency, gathers from host and GPU memory, the placement advice, and each stage's copies per query and the time
 they take on those paths). Rewritten on every run (the directory is the command's own output).
 """
 
@@ -165,7 +165,7 @@ def markdown(doc: dict[str, Any], charts: tuple[str, ...] = CHARTS) -> str:
         out += [f"| **end to end** | {_ms(e['p50_us'])} | {_ms(e['p99_us'])} | | | | |", ""]
         out += _tail_line("Sequential", seq.get("attribution"))
         out += _cpu_table("CPU seconds per query (ms of CPU) per process, sequential:", seq["cpu_s_per_query"])
-        if own := own_work("Sequential", seq["cpu_s_per_query"], seq.get("compute_cpu_s_per_query")):
+        if own := own_work("Sequential", seq["cpu_s_per_query"], seq.get("compute_cpu_s_per_query"), threads(seq)):
             out += [own, ""]
         out += _gpu_line(seq)
     if sweep := sec.get("sweep"):
@@ -188,7 +188,8 @@ def markdown(doc: dict[str, Any], charts: tuple[str, ...] = CHARTS) -> str:
         if peak is not None and (what := load.describe(peak.get("load"), peak.get("gpu_busy"))):
             out += [f"What the peak kept busy: {what}", ""]
         if peak is not None and (own := own_work(f"At the peak ({sweep['peak_concurrency']} clients)",
-                                                 peak["cpu_s_per_query"], peak.get("compute_cpu_s_per_query"))):
+                                                 peak["cpu_s_per_query"], peak.get("compute_cpu_s_per_query"),
+                                                 threads(seq))):
             out += [own, ""]
     if slo := sec.get("slo"):
         out += ["## SLO search (highest open-loop rate with end-to-end p99 under the bound)", "",
@@ -250,19 +251,30 @@ def _cpu_table(head: str, cpu: dict[str, float | None]) -> list[str]:
             "| " + " | ".join(_cpu_ms(v) for v in cpu.values()) + " |", ""]
 
 
-def own_work(where: str, cpu: dict[str, float | None], compute: dict[str, float | None] | None) -> str | None:
+def own_work(where: str, cpu: dict[str, float | None], compute: dict[str, float | None] | None,
+             stage_threads: dict[str, int] | None = None) -> str | None:
     """A line on how much of each stage's CPU per query its own core calls took (``compute_cpu_s_per_query``),
-    the rest being what serving them cost; None for a document from before the split was measured."""
+    the rest being what serving them cost; None for a document from before the split was measured. A
+    stage with more than one library thread (``stage_threads``) is marked: only its core call's own
+    thread is counted, so its share is a floor."""
     parts = []
     for stage, spent in (compute or {}).items():
         total = cpu.get(stage)
         if spent is not None and total:
-            parts.append(f"{stage} {_cpu_ms(spent)} of {_cpu_ms(total)} ({spent / total:.0%})")
+            n = (stage_threads or {}).get(stage, 1)
+            floor = f"; its calling thread only, of {n} threads" if n > 1 else ""
+            parts.append(f"{stage} {_cpu_ms(spent)} of {_cpu_ms(total)} ({spent / total:.0%}{floor})")
     if not parts:
         return None
     return (f"{where}, the stages' own computing (their core calls' CPU, ms per query, of all their process's): "
             + ", ".join(parts) + "; the rest of each is serving the calls (gRPC, asyncio, decoding and encoding, "
             "batching, health).")
+
+
+def threads(seq: dict[str, Any] | None) -> dict[str, int]:
+    """Each stage's library threads, as its GetInfo said in the sequential run (none known: empty)."""
+    pipeline = (seq or {}).get("pipeline") or {}
+    return {name: int(info.get("threads") or 1) for name, info in pipeline.items() if isinstance(info, dict)}
 
 
 #: fewest queries in the slowest 1% for the report to say where their time went (500 sequential queries)

@@ -1,11 +1,11 @@
 """What a characterization's report says a run kept busy, and which resource it names as the limit
-(recpipe.characterize.load)."""
+(recpipe.characterize.load), and how much of each stage's CPU was its own computing."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from recpipe.characterize import load
+from recpipe.characterize import load, report
 
 
 def _load(machine: float | None, **cores: float) -> dict[str, Any]:
@@ -35,3 +35,19 @@ def test_the_machine_then_a_process_then_the_gpu_is_named_the_limit() -> None:
         "nothing was saturated: the time went to waiting (hops, batches, the clients).")
     assert load.describe(_load(None, querygen=0.3)).startswith("machine load not readable; ")
     assert load.describe(None) == load.describe({}) == ""  # a document from before loads were recorded
+
+
+def test_the_report_sets_each_stages_own_computing_against_its_process_cpu() -> None:
+    cpu = {"features": 0.0024, "ranking": 0.0048, "gateway": 0.0033, "querygen": 0.001}
+    own = {"features": 0.0008, "ranking": 0.0036}  # the gateway has no core: it reports none
+    assert report.own_work("At the peak", cpu, own) == (
+        "At the peak, the stages' own computing (their core calls' CPU, ms per query, of all their process's): "
+        "features 0.80 of 2.40 (33%), ranking 3.60 of 4.80 (75%); the rest of each is serving the calls (gRPC, "
+        "asyncio, decoding and encoding, batching, health).")
+    # a stage whose library runs several threads: only the core call's own thread is counted, a floor
+    seq = {"pipeline": {"features": {"threads": 1}, "ranking": {"threads": 9}, "gateway": {"threads": 1}}}
+    assert "ranking 3.60 of 4.80 (75%; its calling thread only, of 9 threads)" in str(
+        report.own_work("Sequential", cpu, own, report.threads(seq)))
+    # a document from before the split (or a stage unreadable): nothing said
+    assert report.own_work("Sequential", cpu, None) is None
+    assert report.own_work("Sequential", cpu, {"ranking": None}) is None
