@@ -7,8 +7,9 @@
   server's time, and the network (time the gateway saw minus the server's own), means in ms.
 The Markdown adds the platform, the settings, the SLO searches, CPU seconds per query per process (and
 how much of each stage's its own core calls took), the micro-benchmark rows and the data paths between
-CPU and GPU (copy bandwidth, small-copy latency, gathers from host and GPU memory, the placement advice, and each stage's copies per query and the time
-they take on those paths). Rewritten on every run (the directory is the command's own output).
+CPU and GPU (copy bandwidth, small-copy latency, gathers from host and GPU memory, the placement advice,
+and each stage's copies per query and the time they take on those paths). Rewritten on every run (the
+directory is the command's own output).
 """
 
 from __future__ import annotations
