@@ -173,15 +173,18 @@ def markdown(doc: dict[str, Any], charts: tuple[str, ...] = CHARTS) -> str:
         out += ["## Closed-loop concurrency sweep", "", f"Stopped: {sweep['stop_reason']}. Peak "
                 f"{sweep['peak_throughput'] or 0:.1f} q/s at {sweep['peak_concurrency']} clients.", ""]
         procs = list((sweep["points"][0]["cpu_s_per_query"] if sweep["points"] else {}).keys())
+        # a document from before the runs recorded their load has no machine column
+        loaded = any((p.get("load") or {}).get("machine_busy") is not None for p in sweep["points"])
         out += ["| clients | q/s | p50 ms | p99 ms | " + " | ".join(f"{st} p50/p99 ms" for st in STEPS) + " | "
-                + " | ".join(f"CPU ms/q {p}" for p in procs) + " | machine busy |",
-                "|---" * (5 + len(STEPS) + len(procs)) + "|"]
+                + " | ".join(f"CPU ms/q {p}" for p in procs) + (" | machine busy |" if loaded else " |"),
+                "|---" * (4 + len(STEPS) + len(procs) + loaded) + "|"]
         for p in sweep["points"]:
             cells = [str(p["concurrency"]), f"{p['throughput']:.1f}", _ms(p["p50_us"]), _ms(p["p99_us"])]
             cells += [f"{_ms(p['stages'][st]['p50_us'])} / {_ms(p['stages'][st]['p99_us'])}" for st in STEPS]
             cells += [_cpu_ms(p["cpu_s_per_query"].get(q)) for q in procs]
             busy = (p.get("load") or {}).get("machine_busy")
-            cells.append("-" if busy is None else f"{busy:.0%}")
+            if loaded:
+                cells.append("-" if busy is None else f"{busy:.0%}")
             out.append("| " + " | ".join(cells) + " |")
         peak = next((p for p in sweep["points"] if p["concurrency"] == sweep["peak_concurrency"]), None)
         out += ["", *_tail_line(f"At the sweep's peak ({sweep['peak_concurrency']} clients)",

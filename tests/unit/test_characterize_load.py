@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from recpipe.characterize import load, report
@@ -51,3 +53,14 @@ def test_the_report_sets_each_stages_own_computing_against_its_process_cpu() -> 
     # a document from before the split (or a stage unreadable): nothing said
     assert report.own_work("Sequential", cpu, None) is None
     assert report.own_work("Sequential", cpu, {"ranking": None}) is None
+
+
+def test_the_sweep_table_has_a_machine_column_only_where_the_runs_recorded_their_load() -> None:
+    bench = Path(__file__).resolve().parents[2] / "benchmarks"
+
+    def sweep_header(name: str) -> str:
+        doc = json.loads((bench / name / "characterization.json").read_text(encoding="utf-8"))
+        return next(line for line in report.markdown(doc, charts=()).splitlines() if line.startswith("| clients |"))
+
+    assert sweep_header("h200-cuda-df50554").endswith("| CPU ms/q querygen | machine busy |")
+    assert sweep_header("h200-cuda-1693ac7").endswith("| CPU ms/q querygen |")  # measured before loads were
