@@ -217,8 +217,8 @@ def machine(runs: list[Run]) -> list[str]:
         out.append(f"- **`{r.name}`**: {r.about['machine']}. Commit {r.about['commit']}, {r.date}; "
                    f"Python {plat.get('python', '?')}, {lib}. Data scale {s['data_scale']:g}, seed {s['data_seed']}; "
                    f"device {s['device']}, threads {s['threads']}.{notes}")
-        out += ["", "  ```", *(f"  {c}" for c in r.about["commands"]), "  ```", ""]
-    return out[:-1]
+        out += ["  ```", *(f"  {c}" for c in r.about["commands"]), "  ```"]  # a tight list: no blank lines
+    return out
 
 
 def _caption(runs: list[Run], bench: str) -> list[str]:
