@@ -71,6 +71,8 @@ class Chain(Generic[U, I]):
         #: per step (``STEPS``), the queries in ``recommend`` that have yet to reach it, and what to call
         #: when one of them reaches it or leaves early (a batched hop waits for them: ``Hop.upstream``)
         self.ahead = [0] * len(STEPS)
+        #: the queries in ``recommend`` now (1: the one asking is alone, and its hops send at once: ``Hop.alone``)
+        self.active = 0
         self.on_pass: list[Callable[[], None] | None] = [None] * len(STEPS)
 
     @staticmethod
@@ -98,11 +100,17 @@ class Chain(Generic[U, I]):
         k, n = self.resolve_sizes(num_candidates, num_results)
         for step in range(len(self.ahead)):
             self.ahead[step] += 1
+        self.active += 1
         reached = [0]  # the steps this query has passed (reached, or left before)
         try:
             return await self._recommend(user_id, k, n, deadline, start, reached)
         finally:
+            self.active -= 1
             self._reach(reached, len(self.ahead))
+
+    def alone(self) -> bool:
+        """Whether one query is in ``recommend`` (the one asking)."""
+        return self.active == 1
 
     def between(self, before: int, step: int) -> int:
         """The queries in flight that have reached step ``before`` but not yet ``step``."""

@@ -56,12 +56,13 @@ class GatewayStage(Stage):
         self.chain = chain = Chain(*clients)
         features, retrieval, ranking = clients
         # each step's hop may wait for the queries at the step before it, which reach it next
-        # (``--hop-upstream-wait-us``); the first step has none
+        # (``--hop-upstream-wait-us``); the first step has none. A query alone in the gateway sends at once.
         for step, hop in enumerate((features.hops["AugmentUser"], retrieval.hops["Retrieve"],
                                     features.hops["AugmentItems"], ranking.hops["Rank"])):
             if step:
                 hop.upstream = functools.partial(chain.between, step - 1, step)
             chain.on_pass[step] = hop.nudge
+            hop.alone = chain.alone
 
     def chain_processes(self) -> int:
         """The chain's serving processes as this gateway knows them: itself and every replica its targets
@@ -78,8 +79,8 @@ class GatewayStage(Stage):
 
     def info(self) -> StageInfo:
         version = self.chain.model_version if self.chain is not None else ""
-        hops = {f"hop_{name}": f"{hop.calls} calls in {hop.batches} batch calls (up to {hop.config.max_batch}, "
-                                f"{hop.max_in_flight} out at once)"
+        hops = {f"hop_{name}": f"{hop.calls} calls in {hop.batches} batch calls ({hop.sent_alone} of a lone query, "
+                                f"up to {hop.config.max_batch}, {hop.max_in_flight} out at once)"
                 for client in (self._clients or ()) for name, hop in client.hops.items()}
         wait = {"upstream_wait_us": self._upstream_wait} if self._upstream_wait else {}
         streams = [s for client in (self._clients or ()) for s in client.streams]

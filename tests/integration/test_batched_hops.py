@@ -178,6 +178,12 @@ def _hop_counts(gateway) -> dict[str, tuple[int, int]]:  # type: ignore[no-untyp
             for k, v in details.items() if k.startswith("hop_")}
 
 
+def _lone_counts(gateway) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    """hop -> the calls it sent for a query alone in the gateway (``Hop.alone``), from GetInfo."""
+    details = gateway.stage.info().details
+    return {k: int(v.split("(")[1].split(" of a lone query")[0]) for k, v in details.items() if k.startswith("hop_")}
+
+
 def test_hops_that_wait_for_the_queries_upstream_send_them_together_with_the_same_answers(gateways,
                                                                                          dataset_info) -> None:
     _, unbatched, waiting = gateways
@@ -185,7 +191,10 @@ def test_hops_that_wait_for_the_queries_upstream_send_them_together_with_the_sam
     for g in (unbatched, waiting):
         wait_serving(g.address)
     before = _hop_counts(waiting)
+    lone_before = _lone_counts(waiting)
     lone = _recommend_all(waiting.address, USERS[:1], concurrency=1)[0]  # nothing ahead of it: no wait
+    # alone in the gateway, it sent each of its four calls from its own task, past the hops' queues
+    assert {hop: n - lone_before[hop] for hop, n in _lone_counts(waiting).items()} == dict.fromkeys(before, 1)
     got = _recommend_all(waiting.address, users, concurrency=len(users))
     want = _recommend_all(unbatched.address, users, concurrency=4)
     assert not isinstance(lone, Exception) and lone.timings[-1].observed_us < 150_000  # type: ignore[attr-defined]

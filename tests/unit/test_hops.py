@@ -364,3 +364,49 @@ def test_the_hops_of_one_stage_send_to_the_replica_the_others_left_free() -> Non
             Hop("s.M", [Route(r.unary, r.batch) for r in replicas], HopConfig(), busy=[0])
 
     asyncio.run(go())
+
+
+def test_a_query_alone_in_the_gateway_sends_from_its_own_task_and_one_with_company_queues() -> None:
+    async def go() -> None:
+        stage = Stage()
+        hop = _hop(stage)
+        alone = [True]
+        hop.alone = lambda: alone[0]
+        assert await hop("a", 1.0) == "answer a"
+        assert (hop.sent_alone, hop._worker) == (1, None)  # no queue, no worker, no send task
+        with pytest.raises(BadRequest):  # its error is its own, raised where it called
+            await hop("bad", None)
+        stage.gate.clear()
+        first = asyncio.create_task(hop("b", None))  # alone: out at once, held at the stage
+        await asyncio.sleep(0.01)
+        second = asyncio.create_task(hop("c", None))  # the hop is busy: it queues, as any call would
+        await asyncio.sleep(0.01)
+        assert stage.sent[-1] == ["b"] and hop._worker is not None and hop.sent_alone == 3
+        stage.gate.set()
+        assert (await first, await second) == ("answer b", "answer c")
+        alone[0] = False  # company in the gateway: the worker sends, and may batch
+        assert await hop("d", None) == "answer d"
+        assert hop.sent_alone == 3 and (hop.calls, hop.batches) == (5, 5)
+        alone[0] = True
+        stage.gate.clear()
+        cancelled = asyncio.create_task(hop("e", None))
+        await asyncio.sleep(0.01)
+        cancelled.cancel()  # a lone call cancelled at the stage gives its route back
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        stage.gate.set()
+        assert hop._in_flight == 0 and await hop("f", None) == "answer f"
+
+    asyncio.run(go())
+
+
+def test_a_queue_delay_keeps_a_lone_query_waiting_for_company() -> None:
+    async def go() -> None:
+        stage = Stage()
+        hop = _hop(stage, max_queue_delay_us=20_000)
+        hop.alone = lambda: True
+        calls = [asyncio.create_task(hop(r, None)) for r in ("a", "b")]
+        assert await asyncio.gather(*calls) == ["answer a", "answer b"]
+        assert stage.sent == [["a", "b"]] and hop.sent_alone == 0  # the delay asked for batches: kept
+
+    asyncio.run(go())
