@@ -132,9 +132,9 @@ class Hop(Generic[Req, Res]):
         self.upstream: Callable[[], int] | None = None
         self._waiting_upstream = False
         #: whether the query making a call is the only one in the gateway (set by the gateway:
-        #: ``Chain.active``); such a call, finding the hop idle, is sent from its own task (``_alone``)
+        #: ``Chain.alone``); such a call, finding the hop idle, is sent from its own task (``_alone``)
         self.alone: Callable[[], bool] | None = None
-        #: the calls sent that way (for the tests)
+        #: the calls sent that way (for ``GetInfo`` and the tests)
         self.sent_alone = 0
 
     async def __call__(self, request: Req, timeout: float | None) -> Res:
@@ -292,7 +292,6 @@ class Hop(Generic[Req, Res]):
                 call.future.set_exception(answer)
             else:
                 call.future.set_result(answer)
-
 
     async def _alone(self, request: Req, timeout: float | None, index: int) -> Res:
         """A lone query's call, the hop idle: sent from the caller's own task as a batch of one, without
