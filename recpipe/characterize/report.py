@@ -205,6 +205,8 @@ def markdown(doc: dict[str, Any], charts: tuple[str, ...] = CHARTS) -> str:
             thin = thin or any(n is not None and n < STEADY_P99_QUERIES for n in counts)
             out.append(f"| {srch['p99_bound_ms']:g} | {'none met' if rate is None else f'{rate:.1f}'} | "
                        f"{len(srch['curve'])} | {' / '.join('-' if n is None else str(n) for n in counts)} |")
+        peak_rate = (sec.get("sweep") or {}).get("peak_throughput")
+        out += [line for srch in slo["searches"] if (line := unmet_line(srch, seq, peak_rate))]
         if slo.get("skipped_for_budget_ms"):
             out.append(f"\nNot searched (budget): {slo['skipped_for_budget_ms']}")
         if thin:
@@ -233,6 +235,31 @@ def markdown(doc: dict[str, Any], charts: tuple[str, ...] = CHARTS) -> str:
     out += data_paths_markdown(doc)
     out += [f"![{c}]({c})" for c in charts]
     return "\n".join(out) + "\n"
+
+
+def unmet_line(search: dict[str, Any], seq: dict[str, Any] | None, peak: float | None) -> str:
+    """For a search no rate met: its lowest p99 and its p99 at the lowest rate it tried (``peak``: the
+    sweep's peak throughput, to say how light that load was), beside the sequential run's, so a bound
+    under the chain's light-load tail reads as such (a lone query's hops each wake idle processes: the
+    micro section's hop after idle); empty where a rate met it."""
+    curve = search["curve"]
+    if search["max_rate"] is not None or not curve:
+        return ""
+    best = min(curve, key=lambda st: st["p99_us"])
+    low = min(curve, key=lambda st: st["target_rate"])
+    line = f"\np99 <= {search['p99_bound_ms']:g} ms: no rate met it. "
+    if best is not low:
+        line += f"Its lowest p99 was {_ms(best['p99_us'])} ms, at {best['target_rate']:.1f} q/s; at "
+    else:
+        line += "At "
+    line += f"the lowest rate tried, {low['target_rate']:.1f} q/s"
+    light = peak is not None and low["target_rate"] <= peak / 4
+    if peak:
+        line += f" ({low['target_rate'] / peak:.0%} of the sweep's peak)"
+    line += f", it was {_ms(low['p99_us'])} ms"
+    if seq:
+        line += f" (sequential: {_ms(seq['end_to_end']['p99_us'])} ms)"
+    return line + (": the bound is under this chain's tail even at light load." if light else ".")
 
 
 def _knee_queries(search: dict[str, Any]) -> tuple[int | None, int | None]:

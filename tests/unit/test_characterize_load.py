@@ -64,3 +64,20 @@ def test_the_sweep_table_has_a_machine_column_only_where_the_runs_recorded_their
 
     assert sweep_header("h200-cuda-df50554").endswith("| CPU ms/q querygen | machine busy |")
     assert sweep_header("h200-cuda-1693ac7").endswith("| CPU ms/q querygen |")  # measured before loads were
+
+
+def test_a_bound_no_rate_met_is_set_against_the_lowest_rates_tail_and_the_sequential_one() -> None:
+    doc = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "h200-cuda-df50554" /
+                      "characterization.json").read_text(encoding="utf-8"))
+    assert ("p99 <= 10 ms: no rate met it. Its lowest p99 was 10.83 ms, at 238.8 q/s; at the lowest rate tried, "
+            "29.9 q/s (1% of the sweep's peak), it was 12.76 ms (sequential: 11.13 ms): the bound is under this "
+            "chain's tail even at light load.") in report.markdown(doc, charts=())
+
+    def step(rate: float, p99_ms: float) -> dict[str, Any]:
+        return {"target_rate": rate, "p99_us": p99_ms * 1000}
+
+    stopped_high = {"p99_bound_ms": 5.0, "max_rate": None, "curve": [step(800.0, 9.0), step(400.0, 7.5)]}
+    assert report.unmet_line(stopped_high, None, 1000.0) == (  # 40% of the peak is no light load
+        "\np99 <= 5 ms: no rate met it. At the lowest rate tried, 400.0 q/s (40% of the sweep's peak), it was 7.50 ms.")
+    assert report.unmet_line({**stopped_high, "max_rate": 400.0}, None, 1000.0) == ""  # met: nothing to say
+    assert report.unmet_line({**stopped_high, "curve": []}, None, None) == ""
