@@ -192,9 +192,8 @@ def _cpu(runs: Runs) -> list[str]:
         cells = ["-" if v is None else f"{v * 1000:.2f}" for v in values]
         cells += [_x(_ratio(base[proc], v)) for v in values[1:]]
         out.append(f"| {proc} | " + " | ".join(cells) + " |")
-    own = [line for lb, doc in runs if (line := report.own_work(
-        f"- {lb}", (seq := doc["sections"]["sequential"])["cpu_s_per_query"], seq.get("compute_cpu_s_per_query"),
-        report.threads(seq)))]
+    seqs = [(lb, doc["sections"]["sequential"]) for lb, doc in runs]
+    own = [line for lb, seq in seqs if (line := report.own_work_of(f"- {lb}", seq, seq))]
     return [*out, "", *own, *([""] if own else [])]
 
 

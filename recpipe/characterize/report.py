@@ -166,7 +166,7 @@ def markdown(doc: dict[str, Any], charts: tuple[str, ...] = CHARTS) -> str:
         out += [f"| **end to end** | {_ms(e['p50_us'])} | {_ms(e['p99_us'])} | | | | |", ""]
         out += _tail_line("Sequential", seq.get("attribution"))
         out += _cpu_table("CPU seconds per query (ms of CPU) per process, sequential:", seq["cpu_s_per_query"])
-        if own := own_work("Sequential", seq["cpu_s_per_query"], seq.get("compute_cpu_s_per_query"), threads(seq)):
+        if own := own_work_of("Sequential", seq, seq):
             out += [own, ""]
         out += _gpu_line(seq)
     if sweep := sec.get("sweep"):
@@ -191,9 +191,7 @@ def markdown(doc: dict[str, Any], charts: tuple[str, ...] = CHARTS) -> str:
                                 peak.get("attribution") if peak else None), *_gpu_line(sweep)]
         if peak is not None and (what := load.describe(peak.get("load"), peak.get("gpu_busy"))):
             out += [f"What the peak kept busy: {what}", ""]
-        if peak is not None and (own := own_work(f"At the peak ({sweep['peak_concurrency']} clients)",
-                                                 peak["cpu_s_per_query"], peak.get("compute_cpu_s_per_query"),
-                                                 threads(seq))):
+        if peak is not None and (own := own_work_of(f"At the peak ({sweep['peak_concurrency']} clients)", peak, seq)):
             out += [own, ""]
     if slo := sec.get("slo"):
         out += ["## SLO search (highest open-loop rate with end-to-end p99 under the bound)", "",
@@ -300,6 +298,12 @@ def own_work(where: str, cpu: dict[str, float | None], compute: dict[str, float 
     return (f"{where}, the stages' own computing (their core calls' CPU, ms per query, of all their process's): "
             + ", ".join(parts) + "; the rest of each is serving the calls (gRPC, asyncio, decoding and encoding, "
             "batching, health).")
+
+
+def own_work_of(where: str, run: dict[str, Any], seq: dict[str, Any] | None) -> str | None:
+    """``own_work`` for a measured run of a document (the sequential run, or a sweep point) with the
+    library threads its sequential run ``seq`` recorded."""
+    return own_work(where, run["cpu_s_per_query"], run.get("compute_cpu_s_per_query"), threads(seq))
 
 
 def threads(seq: dict[str, Any] | None) -> dict[str, int]:
