@@ -124,7 +124,9 @@ class Batcher(Generic[Q, R]):
     and to answer health checks meanwhile. With ``inline``, a call predicted short (``cost``: its seconds
     per row, ``rows(query)`` rows per query, 1 by default) runs on the loop instead, which saves the
     thread hop (tens to hundreds of microseconds per batch) but leaves arriving requests, refusals
-    included, waiting for the batch.
+    included, waiting for the batch. Such a call that finds the batcher idle with batching off (a lone
+    request, or a batch call's entries, which form one core call of their own anyway) runs in the
+    caller's own task, past the worker's hand-off (``_alone``).
     """
 
     def __init__(self, stage: str, fn: Callable[[Sequence[Q]], Sequence[R | BaseException]],
@@ -166,9 +168,11 @@ class Batcher(Generic[Q, R]):
         """Queue ``query`` and wait for its answer; ``deadline`` is a ``time.monotonic()`` instant."""
         self._admit(deadline)
         rows = self._rows(query)
-        if (self.inline and self.config.max_batch == 1 and not self._queue and not self._running
-                and self.cost.short(rows)):
-            return self._call_now(query, rows)
+        if self._alone(rows):
+            answer = self._call_now([query], rows)[0]
+            if isinstance(answer, BaseException):
+                raise answer
+            return answer
         pending = self._enqueue(query, deadline, rows)
         self._wake_worker()
         try:
@@ -184,15 +188,21 @@ class Batcher(Generic[Q, R]):
         core call makes none of them wait longer, and saves a core call per entry."""
         self._group += 1
         out: list[Batched[R] | Exception | None] = []  # every slot filled below: its refusal or its answer
-        pending: list[tuple[int, _Pending[Q, R]]] = []
+        admitted: list[tuple[int, Q, float | None, int]] = []
         for query, deadline in zip(queries, deadlines, strict=True):
             try:
                 self._admit(deadline)
             except RecpipeError as e:
                 out.append(e)
                 continue
-            pending.append((len(out), self._enqueue(query, deadline, self._rows(query), self._group)))
+            admitted.append((len(out), query, deadline, self._rows(query)))
             out.append(None)
+        rows = sum(a[3] for a in admitted)
+        if admitted and self._alone(rows):  # the group would be a core call of its own anyway: now
+            for (i, *_), done in zip(admitted, self._call_now([a[1] for a in admitted], rows), strict=True):
+                out[i] = done
+            return cast("list[Batched[R] | Exception]", out)
+        pending = [(i, self._enqueue(query, deadline, n, self._group)) for i, query, deadline, n in admitted]
         if pending:
             self._wake_worker()
             try:
@@ -303,25 +313,36 @@ class Batcher(Generic[Q, R]):
                 else:
                     p.future.set_result(Batched(answer, (start - p.enqueued_ns) // 1000, compute_us, len(batch)))
 
-    def _call_now(self, query: Q, rows: int) -> Batched[R]:
-        """One short request run at once on the loop, alone: with batching off, inline core calls and
-        nothing queued or running there is nothing to batch it with and nothing ahead of it, so the
-        worker's hand-off (three extra event-loop turns per call) would only add latency."""
+    def _alone(self, rows: int) -> bool:
+        """Whether a call of ``rows`` (one request, or a batch call's group) may run at once on the loop:
+        with batching off, inline core calls, nothing queued or running and a short call predicted,
+        there is nothing to batch it with and nothing ahead of it (a group is never split nor joined
+        with another when batching is off), so the worker's hand-off (three extra event-loop turns per
+        call) would only add latency and CPU."""
+        return (self.inline and self.config.max_batch == 1 and not self._queue and not self._running
+                and self.cost.short(rows))
+
+    def _call_now(self, queries: list[Q], rows: int) -> list[Batched[R] | Exception]:
+        """``queries`` run at once on the loop as one core call (``_alone``): each its answer or its own
+        error; a failure of the whole call is every query's."""
         start = time.perf_counter_ns()
         compute_range = nvtx.start(self._nvtx_compute)
+        answers: Sequence[R | BaseException]
         try:
-            answers = self.cost.call(self.fn, [query], rows)
-            if len(answers) != 1:
-                raise RuntimeError(f"{self.stage}: batch of 1 got {len(answers)} answers")
-            answer = answers[0]
+            answers = self.cost.call(self.fn, queries, rows)
+            if len(answers) != len(queries):
+                raise RuntimeError(f"{self.stage}: batch of {len(queries)} got {len(answers)} answers")
         except Exception as e:
-            answer = e
+            answers = [e] * len(queries)
         end = time.perf_counter_ns()
         nvtx.end(compute_range)
-        compute_us = self._learn(start, end, 1)
-        if isinstance(answer, BaseException):
-            raise answer
-        return Batched(answer, 0, compute_us, 1)
+        compute_us = self._learn(start, end, len(queries))
+        out: list[Batched[R] | Exception] = []
+        for a in answers:
+            if isinstance(a, BaseException) and not isinstance(a, Exception):
+                raise a
+            out.append(a if isinstance(a, Exception) else Batched(cast("R", a), 0, compute_us, len(queries)))
+        return out
 
     def _learn(self, start_ns: int, end_ns: int, size: int) -> int:
         """Fold a core call of ``size`` requests into the service-time estimate; its compute µs."""

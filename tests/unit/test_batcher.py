@@ -278,6 +278,48 @@ def test_a_lone_inline_request_runs_at_once_without_the_worker() -> None:
     assert core.threads[0].startswith("rank-core")
 
 
+def test_a_lone_batch_call_group_runs_at_once_as_one_core_call() -> None:
+    """``submit_many`` (a batch or stream message's entries) takes the same short cut as a lone request:
+    the group runs in the call itself, as the one core call the worker would have made of it, each entry
+    with its own answer or error and a refused entry left out; a failure of the whole core call is
+    every entry's. With a request queued ahead, the group goes through the queue as before."""
+    core = Core()
+
+    async def go() -> None:
+        b = Batcher("rank", core, BatchConfig(max_batch=1), inline=True)
+        await b.submit(1)  # no estimate yet: the thread
+        b.cost.max_rows = 10  # as if calls of up to 10 rows had been seen: 3 is predicted short
+        loop_thread = threading.current_thread().name
+        worker, b._worker = b._worker, None
+        past = time.monotonic() - 1
+        done = await b.submit_many([3, -1, 4, 5], [None, None, past, None])
+        assert [d.value if not isinstance(d, Exception) else type(d) for d in done] == [6, BadRequest,
+                                                                                     DeadlineExceeded, 10]
+        assert [(d.queue_us, d.batch_size) for d in done if not isinstance(d, Exception)] == [(0, 3), (0, 3)]
+        assert core.batches[-1] == [3, -1, 5] and core.threads[-1] == loop_thread and b._worker is None
+        broken = Batcher("rank", lambda qs: [1], BatchConfig(max_batch=1), inline=True)
+        broken.cost.row_s, broken.cost.max_rows = 1e-6, 10
+        failed = await broken.submit_many([1, 2], [None, None])
+        assert all(isinstance(f, RuntimeError) and "batch of 2 got 1" in str(f) for f in failed)
+        await broken.close()
+        b._worker = worker
+        core.gate.clear()  # a call held on the thread: the group that comes meanwhile queues behind it
+        b.cost.max_rows = 0  # no estimate for the held call's size: it goes to the thread
+        held = asyncio.create_task(b.submit(7))
+        while not b._running:
+            await asyncio.sleep(0.001)
+        b.cost.max_rows = 10
+        behind = asyncio.create_task(b.submit_many([8, 9], [None, None]))
+        await asyncio.sleep(0.01)
+        assert not behind.done() and len(b._queue) == 2
+        core.gate.set()
+        assert (await held).value == 14
+        assert [d.value for d in await behind] == [16, 18]  # type: ignore[union-attr]
+        await b.close()
+
+    run(go())
+
+
 def test_an_inline_batcher_sends_calls_predicted_long_to_its_thread() -> None:
     """Inline allowed, but a call predicted longer than ``INLINE_MAX_S`` (from the seconds per row it
     learnt, times the call's rows) runs on the batcher's thread, and so does a call larger than any
