@@ -290,17 +290,16 @@ class Batcher(Generic[Q, R]):
             start = time.perf_counter_ns()
             self._running = batch
             compute_range = nvtx.start(self._nvtx_compute)
-            try:
-                queries = [p.query for p in batch]
-                rows = sum(p.rows for p in batch)
-                if self.inline and self.cost.short(rows):
-                    answers = self.cost.call(self.fn, queries, rows)
-                else:
-                    answers = await loop.run_in_executor(self._executor, self.cost.call, self.fn, queries, rows)
-                if len(answers) != len(batch):
-                    raise RuntimeError(f"{self.stage}: batch of {len(batch)} got {len(answers)} answers")
-            except Exception as e:  # the whole core call failed: every request in it gets the error
-                answers = [e] * len(batch)
+            queries = [p.query for p in batch]
+            rows = sum(p.rows for p in batch)
+            answers: Sequence[R | BaseException]
+            if self.inline and self.cost.short(rows):
+                answers = self._answers(queries, rows)
+            else:
+                try:
+                    answers = await loop.run_in_executor(self._executor, self._answers, queries, rows)
+                except Exception as e:  # the thread did not take the call (shutting down)
+                    answers = [e] * len(batch)
             end = time.perf_counter_ns()
             self._running = []
             nvtx.end(compute_range)
@@ -327,13 +326,7 @@ class Batcher(Generic[Q, R]):
         error; a failure of the whole call is every query's."""
         start = time.perf_counter_ns()
         compute_range = nvtx.start(self._nvtx_compute)
-        answers: Sequence[R | BaseException]
-        try:
-            answers = self.cost.call(self.fn, queries, rows)
-            if len(answers) != len(queries):
-                raise RuntimeError(f"{self.stage}: batch of {len(queries)} got {len(answers)} answers")
-        except Exception as e:
-            answers = [e] * len(queries)
+        answers = self._answers(queries, rows)
         end = time.perf_counter_ns()
         nvtx.end(compute_range)
         compute_us = self._learn(start, end, len(queries))
@@ -343,6 +336,18 @@ class Batcher(Generic[Q, R]):
                 raise a
             out.append(a if isinstance(a, Exception) else Batched(cast("R", a), 0, compute_us, len(queries)))
         return out
+
+    def _answers(self, queries: list[Q], rows: int) -> Sequence[R | BaseException]:
+        """One core call of ``queries`` (``rows`` rows) through ``cost``, on whatever thread runs it: each
+        query's answer or its own error; a failure of the whole call, or a wrong count of answers, is
+        every query's error."""
+        try:
+            answers = self.cost.call(self.fn, queries, rows)
+            if len(answers) != len(queries):
+                raise RuntimeError(f"{self.stage}: batch of {len(queries)} got {len(answers)} answers")
+            return answers
+        except Exception as e:
+            return [e] * len(queries)
 
     def _learn(self, start_ns: int, end_ns: int, size: int) -> int:
         """Fold a core call of ``size`` requests into the service-time estimate; its compute µs."""
