@@ -19,6 +19,16 @@ checked to give the same scores before timing; the lower precisions are reported
 never asserted (a form that breaks it is what ``auto`` skips).
 ``--requests N`` adds N requests as one batch (what a batched hop hands the stage) against the same N
 one by one in each form: the time per request, and how far a score moved between the two.
+``--idle-ms MS`` also times the served forward in each precision after MS of sleep before every call,
+against the same calls back to back: what a stage pays when its queries come apart. The forms above are
+timed warm, call after call, as a loaded stage runs them; a stage between sparse queries finds its
+caches gone. On the 2-core EPYC VM (``--idle-ms 5``) the bf16 forward of 1 x 500 took 0.84 ms back to
+back and 1.63 ms after 5 ms asleep (fp32 1.17 / 1.90, int8 1.11 / 1.69), and 1.38-1.45 ms after 5 ms of
+spinning in Python instead of sleeping: not the idle core waking up; what the forward left in the core
+(caches, predictors) is gone meanwhile on this shared VM (the tables on 2-MB pages changed nothing; its
+prepare part slowed most, 0.34 to 0.72-0.93 ms, the one matmul per user least). That is why a
+lone query's rank compute in the chain (``recpipe querygen --mode sequential``: 1.77 ms p50) is about
+twice this bench's p50.
 """
 
 from __future__ import annotations
@@ -49,11 +59,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--requests", type=int, default=1, metavar="N",
                         help="also time N requests as one batch (what a batched hop hands the stage) against "
                              "the same N one by one, in each precision, and how far their scores moved")
+    parser.add_argument("--idle-ms", type=float, default=0.0, metavar="MS",
+                        help="also time the served forward in each precision after MS of sleep before every "
+                             "call, against the same calls back to back (0 = off; a stage between sparse "
+                             "queries finds its caches cold)")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.batch < 1 or args.calls < 1 or args.warmup < 0 or args.threads < 0 or args.requests < 1:
         raise UsageError("--batch, --calls and --requests must be >= 1, --warmup and --threads >= 0")
+    if not 0 <= args.idle_ms <= 1000:
+        raise UsageError("--idle-ms must be in [0, 1000]")
     require_dirs(("--models", args.models), ("--data", args.data))
     from recpipe.serving import threads
 
@@ -151,6 +167,10 @@ def run(args: argparse.Namespace) -> int:
     if args.requests > 1:
         _batch_table({ranking.details["precision"]: ranking, **{c.details["precision"]: c for c in low_cores.values()}},
                      requests, args)
+    if args.idle_ms:
+        served_forms = [("fp32", served)] + [(name.removeprefix("served "), fn) for name, fn in forms
+                                             if name in low_forms]
+        _idle_table(served_forms, args)
     return 0
 
 
@@ -223,6 +243,35 @@ def _one_and_batch(core: Any, requests: list[Any], n: int, calls: int,
     one, batch = measure_interleaved([("one", lambda i: [core.rank_batch([q]) for q in group(i)]),
                                       ("batch", lambda i: core.rank_batch(group(i)))], calls, warmup)
     return one.pct_ms(50), batch.pct_ms(50), dp
+
+
+def _idle_table(forms: list[tuple[str, Callable[[int], Any]]], args: argparse.Namespace) -> None:
+    """Each served form's p50 / p99 after ``--idle-ms`` of sleep before every call against the same calls
+    back to back, the two alternating in blocks of ``BLOCK`` calls (the sleep untimed)."""
+    import time
+
+    import numpy as np
+
+    from recpipe.percentiles import percentiles
+
+    idle_s = args.idle_ms / 1000
+    print(f"\nthe served forward after {args.idle_ms:g} ms asleep before each call, against back to back "
+          f"({args.calls} calls each; ms)")
+    print(f"{'precision':<22} {'back to back p50 / p99':>24} {'after idle p50 / p99':>22} {'idle/warm p50':>14}")
+    for name, fn in forms:
+        for i in range(args.warmup):
+            fn(i)
+        samples = np.zeros((2, args.calls), dtype=np.int64)
+        for first in range(0, args.calls, BLOCK):
+            for j in (0, 1):
+                for i in range(first, min(first + BLOCK, args.calls)):
+                    if j:
+                        time.sleep(idle_s)
+                    t0 = time.perf_counter_ns()
+                    fn(i)
+                    samples[j, i] = time.perf_counter_ns() - t0
+        (w50, w99), (c50, c99) = (percentiles(samples[j], (50, 99), scale=1e6) for j in (0, 1))
+        print(f"{name:<22} {w50:>13.3f} / {w99:<8.3f} {c50:>11.3f} / {c99:<8.3f} {c50 / w50:>13.2f}x")
 
 
 def _served_by(core: Any, requests: list[Any]) -> Callable[[int], Any]:

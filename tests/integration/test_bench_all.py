@@ -31,7 +31,8 @@ def _chain(m: Path, d: Path, tmp: Path, request: pytest.FixtureRequest, device: 
 CASES: dict[str, tuple[Callable[[Path, Path, Path, pytest.FixtureRequest, str], list[str]], bool]] = {
     "chain": (_chain, True),
     "ranking": (lambda m, d, tmp, r, dev: ["--models", str(m), "--data", str(d), "--batch", "50", "--calls", "5",
-                                           "--warmup", "1", "--device", dev, "--requests", "3"], True),
+                                           "--warmup", "1", "--device", dev, "--requests", "3",
+                                           "--idle-ms", "1"], True),
     "retrieval": (lambda m, d, tmp, r, dev: ["--models", str(m), "--data", str(d), "--k", "50", "--queries", "5",
                                              "--warmup", "1", "--device", dev], True),
     "features": (lambda m, d, tmp, r, dev: ["--models", str(m), "--data", str(d), "--queries", "5", "--warmup", "1",
@@ -88,6 +89,8 @@ def test_bench_runs(name: str, device: str, small_models: Path, small_dataset: P
         assert "served (fused + user-side once)" in out
         # 3 requests as one batch against one by one, in each form (same scores, asserted by the bench)
         assert "3 requests x 50 candidates: one batch against one by one" in out and "batch/one" in out
+        # each precision's served forward after 1 ms asleep before each call, against back to back
+        assert "the served forward after 1 ms asleep before each call" in out and "\nfp32 " in out
         if device == "cuda":
             assert "served, tables in host memory" in out and "served, no CUDA graphs" in out
         else:  # the eager fp32 forward's item x item triangle beside the full Gram matrix (same scores, asserted)

@@ -24,3 +24,11 @@ def test_benches_refuse_a_missing_models_dir(bench: str, tmp_path: Path, capsys:
     assert main(["bench", bench, "--models", str(missing), "--data", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"--models {missing}: no such directory" in err[0]
+
+
+@pytest.mark.parametrize("idle_ms", ["-1", "1001"])
+def test_bench_ranking_refuses_an_idle_time_out_of_range(idle_ms: str, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "ranking", "--models", str(tmp_path), "--data", str(tmp_path), "--idle-ms", idle_ms]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--idle-ms must be in [0, 1000]" in err[0]
