@@ -21,14 +21,14 @@ never asserted (a form that breaks it is what ``auto`` skips).
 one by one in each form: the time per request, and how far a score moved between the two.
 ``--idle-ms MS`` also times the served forward in each precision after MS of sleep before every call,
 against the same calls back to back: what a stage pays when its queries come apart. The forms above are
-timed warm, call after call, as a loaded stage runs them; a stage between sparse queries finds its
-caches gone. On the 2-core EPYC VM (``--idle-ms 5``) the bf16 forward of 1 x 500 took 0.84 ms back to
-back and 1.63 ms after 5 ms asleep (fp32 1.17 / 1.90, int8 1.11 / 1.69), and 1.38-1.45 ms after 5 ms of
-spinning in Python instead of sleeping: not the idle core waking up; what the forward left in the core
-(caches, predictors) is gone meanwhile on this shared VM (the tables on 2-MB pages changed nothing; its
-prepare part slowed most, 0.34 to 0.72-0.93 ms, the one matmul per user least). That is why a
-lone query's rank compute in the chain (``recpipe querygen --mode sequential``: 1.77 ms p50) is about
-twice this bench's p50.
+timed warm, call after call, as a loaded stage runs them. On the 2-core EPYC VM (``--idle-ms 5``) the
+bf16 forward of 1 x 500 took 0.84 ms back to back and 1.63 ms after 5 ms asleep (fp32 1.17 / 1.90,
+int8 1.11 / 1.69), and 1.38-1.45 ms after 5 ms of spinning in Python instead of sleeping. So it is not
+the idle core waking up; presumably what the forward left in the core (caches, predictors) is gone
+meanwhile on this shared VM. Its compiled prepare part slowed most (0.34 to 0.72-0.93 ms), the one
+matmul per user least, and the tables on 2-MB pages changed nothing. That is why a lone query's rank
+compute in the chain (``recpipe querygen --mode sequential``: 1.77 ms p50) is about twice this
+bench's p50.
 """
 
 from __future__ import annotations
