@@ -62,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--idle-ms", type=float, default=0.0, metavar="MS",
                         help="also time the served forward in each precision after MS of sleep before every "
                              "call, against the same calls back to back (0 = off; a stage between sparse "
-                             "queries finds its caches cold)")
+                             "queries runs it cold)")
 
 
 def run(args: argparse.Namespace) -> int:
