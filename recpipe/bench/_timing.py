@@ -29,24 +29,30 @@ class Timing:
 
 def measure_interleaved(
     calls: Sequence[tuple[str, Callable[[int], object]]], n: int, warmup: int, rows_per_call: int = 1,
-    block: int = 1,
+    block: int = 1, sleep_s: Sequence[float] = (),
 ) -> list[Timing]:
     """Time each ``call(i)`` for i in range(n), alternating between the calls so they share machine noise.
 
     ``block`` > 1 alternates blocks of that many calls instead of single calls, and runs one more,
     untimed, after each switch: a call that follows a different one pays for what that one evicted (a
     bf16 ranking forward took 2.1 ms after the fp32 DLRM forward and 0.85 ms after itself, on a 2-core
-    EPYC), while a serving stage runs one form call after call."""
+    EPYC), while a serving stage runs one form call after call.
+
+    ``sleep_s``, one per call (missing ones 0): seconds asleep, untimed, before each timed call of that
+    call, as a stage between sparse queries meets it."""
     for i in range(warmup):
         for _, fn in calls:
             fn(i)
     samples = np.zeros((len(calls), n), dtype=np.int64)
     block = max(1, block)
+    pauses = [sleep_s[j] if j < len(sleep_s) else 0.0 for j in range(len(calls))]
     for first in range(0, n, block):
         for j, (_, fn) in enumerate(calls):
             if block > 1:
                 fn(first)  # untimed: the switch from the call before
             for i in range(first, min(first + block, n)):
+                if pauses[j]:
+                    time.sleep(pauses[j])
                 with nvtx.range(calls[j][0]):
                     t0 = time.perf_counter_ns()
                     fn(i)

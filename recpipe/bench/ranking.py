@@ -248,30 +248,16 @@ def _one_and_batch(core: Any, requests: list[Any], n: int, calls: int,
 def _idle_table(forms: list[tuple[str, Callable[[int], Any]]], args: argparse.Namespace) -> None:
     """Each served form's p50 / p99 after ``--idle-ms`` of sleep before every call against the same calls
     back to back, the two alternating in blocks of ``BLOCK`` calls (the sleep untimed)."""
-    import time
+    from recpipe.bench._timing import measure_interleaved
 
-    import numpy as np
-
-    from recpipe.percentiles import percentiles
-
-    idle_s = args.idle_ms / 1000
     print(f"\nthe served forward after {args.idle_ms:g} ms asleep before each call, against back to back "
           f"({args.calls} calls each; ms)")
     print(f"{'precision':<22} {'back to back p50 / p99':>24} {'after idle p50 / p99':>22} {'idle/warm p50':>14}")
     for name, fn in forms:
-        for i in range(args.warmup):
-            fn(i)
-        samples = np.zeros((2, args.calls), dtype=np.int64)
-        for first in range(0, args.calls, BLOCK):
-            for j in (0, 1):
-                for i in range(first, min(first + BLOCK, args.calls)):
-                    if j:
-                        time.sleep(idle_s)
-                    t0 = time.perf_counter_ns()
-                    fn(i)
-                    samples[j, i] = time.perf_counter_ns() - t0
-        (w50, w99), (c50, c99) = (percentiles(samples[j], (50, 99), scale=1e6) for j in (0, 1))
-        print(f"{name:<22} {w50:>13.3f} / {w99:<8.3f} {c50:>11.3f} / {c99:<8.3f} {c50 / w50:>13.2f}x")
+        warm, idle = measure_interleaved([("back to back", fn), ("after idle", fn)], args.calls, args.warmup,
+                                         block=BLOCK, sleep_s=(0.0, args.idle_ms / 1000))
+        print(f"{name:<22} {warm.pct_ms(50):>13.3f} / {warm.pct_ms(99):<8.3f} {idle.pct_ms(50):>11.3f} / "
+              f"{idle.pct_ms(99):<8.3f} {idle.pct_ms(50) / warm.pct_ms(50):>13.2f}x")
 
 
 def _served_by(core: Any, requests: list[Any]) -> Callable[[int], Any]:
