@@ -31,7 +31,7 @@ CHARTS = ("curves.png", "stages.png")
 CPU_SPEED_TOLERANCE = 1.15
 
 #: settings shown side by side (varied by a comparison, so not refused)
-_VARIED = ("device", "threads", "replicas", "workers", "serve_args", "data", "models")
+_VARIED = ("device", "threads", "replicas", "affinity", "workers", "serve_args", "data", "models")
 
 
 #: sizes a comparison may vary: the SLO table compares bound by bound ("not searched" where a run has no

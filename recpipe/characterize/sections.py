@@ -156,6 +156,7 @@ def chain(settings: Settings, log_level: str) -> Iterator[Chain]:
     """The stages (one process each, or the replicas ``settings.replicas`` asks for) on free ports of
     127.0.0.1, as ``recpipe demo`` starts them."""
     from recpipe.config import DEFAULT_HOST
+    from recpipe.serving.affinity import plan
     from recpipe.serving.launch import (
         allocate_ports,
         direct_target,
@@ -171,10 +172,11 @@ def chain(settings: Settings, log_level: str) -> Iterator[Chain]:
     replicas, replicas_line = resolve_replicas(REGISTRY, settings.replicas, settings.device)
     ports = allocate_ports(REGISTRY, host, 0, -1, replicas)
     threads, chosen = resolve_threads(REGISTRY, threads_arg(settings.threads), replicas)
+    cpus, placed = plan(REGISTRY, settings.affinity, replicas, threads)
     stages = supervised_stages(REGISTRY, models=Path(settings.models), data=Path(settings.data), host=host,
                                ports=ports, device=settings.device, threads=threads,
-                               workers=settings.workers, log_level=log_level, extra=settings.serve_args)
-    say(f"serve: starting {', '.join(REGISTRY.names)}; {replicas_line}; {chosen}")
+                               workers=settings.workers, log_level=log_level, extra=settings.serve_args, cpus=cpus)
+    say(f"serve: starting {', '.join(REGISTRY.names)}; {replicas_line}; {chosen}; {placed}")
     supervisor = Supervisor(stages)
     supervisor.start()
     try:

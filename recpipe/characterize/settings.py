@@ -76,6 +76,9 @@ class Settings:
     #: ``--replicas`` as given ("auto", the command's default, sizes them from the cores; "1": one
     #: process per stage, what documents from before the setting were measured with)
     replicas: str = "auto"
+    #: ``--affinity`` ("auto": ranking on cores of its own where the processes outnumber the cores; "off":
+    #: the kernel places them, what documents from before the setting were measured with)
+    affinity: str = "auto"
     workers: int = 0
     serve_args: tuple[str, ...] = ()
     num_candidates: int = 500
@@ -95,6 +98,8 @@ class Settings:
         if not self.budget_s > 0:
             raise UsageError(f"--budget-s must be > 0, got {self.budget_s:g}")
         parse_processes(str(self.generator_processes), "--generator-processes")
+        if self.affinity not in ("auto", "off"):
+            raise UsageError(f"--affinity must be auto or off, got {self.affinity!r}")
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -106,10 +111,11 @@ class Settings:
 #: settings two characterizations must share for a speed-up between them to mean something
 COMPARABLE: tuple[str, ...] = ("quick", "data_scale", "data_seed", "num_candidates", "num_results", "seed", "sizes")
 #: settings a rerun into the same --out must share with the finished sections (else they do not belong together)
-RESUMABLE: tuple[str, ...] = (*COMPARABLE, "data", "models", "device", "threads", "replicas", "workers",
+RESUMABLE: tuple[str, ...] = (*COMPARABLE, "data", "models", "device", "threads", "replicas", "affinity",
+                              "workers",
                               "serve_args")
 #: what a document written before a setting existed was measured with
-_DEFAULTS: dict[str, Any] = {"replicas": "1"}
+_DEFAULTS: dict[str, Any] = {"replicas": "1", "affinity": "off"}
 
 
 def past_sweep_bound(p99_us: float, bound_ms: float) -> bool:

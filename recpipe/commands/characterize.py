@@ -21,6 +21,7 @@ from typing import Any
 
 from recpipe.config import DEFAULT_NUM_CANDIDATES, DEFAULT_NUM_RESULTS
 from recpipe.errors import UsageError
+from recpipe.serving.affinity import AFFINITY_HELP, affinity_arg
 from recpipe.serving.launch import REPLICAS_HELP, THREADS_HELP, replicas_arg, threads_arg
 
 
@@ -35,6 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=threads_arg, default=None, help=THREADS_HELP)
     parser.add_argument("--replicas", type=replicas_arg, default="auto", metavar="STAGE=N[,...]|N|auto",
                         help=REPLICAS_HELP + ". Default auto: the chain as this machine can run it")
+    parser.add_argument("--affinity", type=affinity_arg, default="auto", metavar="auto|off", help=AFFINITY_HELP)
     parser.add_argument("--workers", type=int, default=0, help="serve --workers for every stage")
     parser.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
                         help="one more argument for every stage's serve command, e.g. --serve-arg=--max-batch=8 "
@@ -91,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     settings = Settings(quick=args.quick, sizes=sizes, data=str(data), models=str(models),
                         data_scale=manifest.get("scale"), data_seed=manifest.get("seed"),
                         dataset_sha256=manifest.get("dataset_sha256"), device=args.device, threads=threads,
-                        replicas=args.replicas, workers=args.workers, serve_args=tuple(args.serve_arg),
+                        replicas=args.replicas, affinity=args.affinity, workers=args.workers, serve_args=tuple(args.serve_arg),
                         num_candidates=args.num_candidates, num_results=args.num_results, seed=args.seed,
                         budget_s=args.budget_s, generator_processes=processes)
     current = settings.to_json()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from recpipe.config import DEFAULT_NUM_RESULTS
 from recpipe.errors import UsageError
+from recpipe.serving.affinity import AFFINITY_HELP, affinity_arg
 from recpipe.serving.launch import REPLICAS_HELP, THREADS_HELP, replicas_arg, threads_arg
 
 
@@ -30,6 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=threads_arg, default=None, help=THREADS_HELP)
     parser.add_argument("--replicas", type=replicas_arg, default=None, metavar="STAGE=N[,...]|N|auto",
                         help=REPLICAS_HELP + ". Default 1 each")
+    parser.add_argument("--affinity", type=affinity_arg, default="auto", metavar="auto|off", help=AFFINITY_HELP)
     parser.add_argument("--seed", type=int, default=0, help="seed of the query user ids")
 
 
@@ -79,6 +81,7 @@ def _serve_and_measure(args: argparse.Namespace, data: Path, models: Path) -> in
     from recpipe.querygen import loops, output, plots, session
     from recpipe.querygen.config import QuerygenConfig
     from recpipe.querygen.workload import fixed_candidates
+    from recpipe.serving.affinity import plan
     from recpipe.serving.launch import (
         allocate_ports,
         direct_target,
@@ -93,9 +96,10 @@ def _serve_and_measure(args: argparse.Namespace, data: Path, models: Path) -> in
     replicas, replicas_line = resolve_replicas(REGISTRY, args.replicas, args.device)
     ports = allocate_ports(REGISTRY, host, 0, -1, replicas)
     threads, chosen = resolve_threads(REGISTRY, args.threads, replicas)
+    cpus, placed = plan(REGISTRY, args.affinity, replicas, threads)
     stages = supervised_stages(REGISTRY, models=models, data=data, host=host, ports=ports,
-                               device=args.device, threads=threads, log_level=args.log_level)
-    _step(f"serve: starting {', '.join(REGISTRY.names)}; {replicas_line}; {chosen}")
+                               device=args.device, threads=threads, log_level=args.log_level, cpus=cpus)
+    _step(f"serve: starting {', '.join(REGISTRY.names)}; {replicas_line}; {chosen}; {placed}")
     supervisor = Supervisor(stages)
     supervisor.start()
     try:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from recpipe.config import DEFAULT_DATA_DIR, DEFAULT_HOST, DEFAULT_MODELS_DIR, DEFAULT_PORT
 from recpipe.errors import UsageError
+from recpipe.serving.affinity import AFFINITY_HELP, affinity_arg, parse_cpus
 from recpipe.serving.batcher import BatchConfig
 from recpipe.serving.config import DEFAULT_UNRESPONSIVE_S
 from recpipe.serving.launch import REPLICAS_HELP, THREADS_HELP, replicas_arg, threads_arg
@@ -73,6 +74,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--standby", action="store_true", help=argparse.SUPPRESS)  # what the supervisor passes
     parser.add_argument("--replicas", type=replicas_arg, default=None, metavar="STAGE=N[,...]|N|auto",
                         help=f"--stage all: {REPLICAS_HELP}. Default 1 each")
+    parser.add_argument("--affinity", type=affinity_arg, default=None, metavar="auto|off",
+                        help=f"--stage all: {AFFINITY_HELP}")
+    parser.add_argument("--cpus", type=parse_cpus, default=None, metavar="LIST",
+                        help="--stage NAME: run this process on these CPUs, e.g. 1 or 0-3 (what --affinity passes)")
     parser.add_argument("--bind-after-load", action="store_true",
                         help="--stage NAME: take the port only once loaded (a replica: callers balancing over "
                              "several never pick one still loading)")
@@ -172,10 +177,15 @@ def upstream_targets(args: argparse.Namespace, stages: Registry, stage: str) -> 
 def _run_one(args: argparse.Namespace, stages: Registry, batch: BatchConfig, options: dict) -> int:
     import asyncio
 
-    for flag, value in (("--unresponsive-timeout", args.unresponsive_timeout), ("--replicas", args.replicas)):
+    for flag, value in (("--unresponsive-timeout", args.unresponsive_timeout), ("--replicas", args.replicas),
+                        ("--affinity", args.affinity)):
         if value is not None:
             raise UsageError(f"{flag} only applies to --stage all (the supervisor)")
     _refuse_foreign_targets(args, stages, args.stage)
+    if args.cpus is not None:
+        from recpipe.serving.affinity import pin
+
+        pin(args.cpus)  # before the stage loads a library that starts threads: they inherit it
 
     from recpipe.serving import launch, runner
 
@@ -216,12 +226,13 @@ def _run_all(args: argparse.Namespace, stages: Registry, batch: BatchConfig, opt
     import threading
 
     from recpipe.serving import launch
+    from recpipe.serving.affinity import plan
     from recpipe.serving.options import merged_argv
     from recpipe.serving.supervisor import Supervisor
 
     _refuse_foreign_targets(args, stages, None)
     for flag, used in (("--bind-after-load", args.bind_after_load), ("--reuse-port", args.reuse_port),
-                       ("--own-port", args.own_port is not None)):
+                       ("--own-port", args.own_port is not None), ("--cpus", args.cpus is not None)):
         if used:
             raise UsageError(f"{flag} only applies to --stage NAME (--stage all sets it for replicas)")
     replicas, replicas_line = launch.resolve_replicas(stages, args.replicas, args.device)
@@ -231,10 +242,11 @@ def _run_all(args: argparse.Namespace, stages: Registry, batch: BatchConfig, opt
     base = DEFAULT_PORT if args.port is None else args.port
     ports = launch.allocate_ports(stages, args.host, base, args.metrics_port, replicas)
     threads, chosen = launch.resolve_threads(stages, args.threads, replicas)
+    cpus, placed = plan(stages, args.affinity or "auto", replicas, threads)
     processes = launch.supervised_stages(
         stages, models=args.models, data=args.data, host=args.host, ports=ports,
         device=args.device, threads=threads, workers=args.workers, grace=args.grace, log_level=args.log_level,
-        extra=[*batch.to_argv(), *(["--nvtx"] if args.nvtx else []), *merged_argv(options.values())],
+        extra=[*batch.to_argv(), *(["--nvtx"] if args.nvtx else []), *merged_argv(options.values())], cpus=cpus,
     )
     unresponsive = DEFAULT_UNRESPONSIVE_S if args.unresponsive_timeout is None else args.unresponsive_timeout
     supervisor = Supervisor(processes, startup_timeout_s=args.startup_timeout, grace_s=args.grace,
@@ -249,6 +261,7 @@ def _run_all(args: argparse.Namespace, stages: Registry, batch: BatchConfig, opt
     print(summary(supervisor, processes, args.host))
     print(chosen)
     print(replicas_line)
+    print(placed)
     sys.stdout.flush()
     supervisor.run(stop)
     print("recpipe: all stages stopped", flush=True)

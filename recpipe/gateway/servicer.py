@@ -15,8 +15,8 @@ from recpipe.gateway.clients import GrpcFeatureClient, GrpcRankingClient, GrpcRe
 from recpipe.gateway.hops import replica_targets
 from recpipe.gateway.options import GatewayOptions
 from recpipe.gateway.readiness import ChainReadiness
+from recpipe.serving.affinity import chain_cores
 from recpipe.serving.stage import ReadinessWatch, Stage, StageInfo, check_deadline
-from recpipe.serving.threads import usable_cores
 from recpipe.v1 import recommend_pb2, recommend_pb2_grpc
 
 SERVICE_NAME = recommend_pb2.DESCRIPTOR.services_by_name["RecommendService"].full_name
@@ -43,7 +43,7 @@ class GatewayStage(Stage):
     async def load(self) -> None:
         """Open the stage channels (inside the server's event loop; they connect lazily and reconnect
         by themselves when a stage restarts)."""
-        processes, cores = self.chain_processes(), usable_cores()
+        processes, cores = self.chain_processes(), chain_cores()  # the machine's, not its own --cpus
         hops = self.options.hops(processes, cores)
         self._upstream_wait = (f"{hops.upstream_wait_us} ({self.options.hop_upstream_wait_us}: {processes} processes, "
                                f"{cores} cores)")

@@ -25,5 +25,7 @@ def build(cfg: StageConfig) -> Stage:
 
 # gpu_cost: CPU per query under load with the model on a GPU, on the gateway's scale (cost 2.5): H200
 # machine, 78cf8d1, 32 clients, ms per query: gateway 1.66, features 1.10, retrieval 0.92, ranking 0.96.
-SPEC = StageSpec(NAME, port_offset=3, build=build, cost=4.7, gpu_cost=1.45, nice=COMPUTE_NICE, options=RankingOptions, threads=("torch",),
-                 description="DLRM over the candidates")
+# own_cores: its batch forward is the chain's longest run of one thread, twice as slow sharing a core
+# (``recpipe.serving.affinity``)
+SPEC = StageSpec(NAME, port_offset=3, build=build, cost=4.7, gpu_cost=1.45, nice=COMPUTE_NICE, options=RankingOptions,
+                 threads=("torch",), own_cores=True, description="DLRM over the candidates")

@@ -256,14 +256,18 @@ def connect_host(host: str) -> str:
 def supervised_stages(
     registry: Registry, *, models: Path, data: Path, host: str, ports: Mapping[str, Sequence[ProcessPorts]],
     device: str = "auto", threads: int | dict[str, int] = 0, workers: int = 0, grace: float = 5.0,
-    log_level: str = "WARNING", extra: Sequence[str] = (),
+    log_level: str = "WARNING", extra: Sequence[str] = (), cpus: Mapping[str, Sequence[Sequence[int]]] | None = None,
 ) -> list[StageProcess]:
     """One ``StageProcess`` per stage process, in the registry's order: ``python -m recpipe serve --stage
     NAME`` with explicit ports (``allocate_ports``: one per replica) and its upstream targets (every
     replica of the stage it calls: ``replica_target``). ``threads``: for every process, or per stage
     (``--threads auto``: ``Registry.auto_threads``). ``extra`` is appended to every stage's arguments
-    (the batching flags and the stages' own options). Replicas are named ``STAGE#1``, ``STAGE#2``, ...
+    (the batching flags and the stages' own options). ``cpus``: each process's CPUs, per stage
+    (``recpipe.serving.affinity.plan``; a stage left out runs anywhere). Replicas are named ``STAGE#1``,
+    ``STAGE#2``, ...
     """
+    from recpipe.serving.affinity import format_cpus
+
     connect = connect_host(host)
     targets = {name: replica_target([f"{connect}:{p.port}" for p in ps]) for name, ps in ports.items()}
     processes = []
@@ -279,6 +283,9 @@ def supervised_stages(
                 "--workers", str(workers), "--grace", str(grace),
                 *extra,
             ]
+            placed = (cpus or {}).get(name)
+            if placed:
+                argv += ["--cpus", format_cpus(placed[k])]
             if len(replicas) > 1:
                 argv.append("--bind-after-load")
             if p.shared:

@@ -70,6 +70,9 @@ class StageSpec:
     #: ``cost`` when the stage computes on a GPU (None: the same): its CPU then goes to serving alone
     gpu_cost: float | None = None
     nice: int = 0
+    #: whether its processes get cores of their own under ``--affinity auto`` (``recpipe.serving.affinity``):
+    #: a stage that computes a batch at a time, slowed most by sharing its core
+    own_cores: bool = False
     upstream: tuple[str, ...] = ()
     description: str = ""
 

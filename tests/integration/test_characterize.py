@@ -15,6 +15,7 @@ from recpipe.characterize import document
 from recpipe.characterize.report import CHARTS, MARKDOWN
 from recpipe.cli import main
 from recpipe.config import STEPS
+from recpipe.errors import UsageError
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -241,6 +242,20 @@ def test_replicas_are_a_setting_that_documents_from_before_it_resume_with() -> N
     assert differences(before, now, RESUMABLE) == ["replicas '1' vs 'auto'"]
     assert differences(before, {**now, "replicas": "ranking=2"}, RESUMABLE) == ["replicas '1' vs 'ranking=2'"]
     assert differences(now, {**now, "generator_processes": 1}, RESUMABLE) == []  # the generator may differ
+
+
+def test_affinity_is_a_setting_that_documents_from_before_it_resume_with_as_off() -> None:
+    from recpipe.characterize.settings import QUICK, RESUMABLE, Settings, differences
+
+    now = Settings(quick=True, sizes=QUICK, data="d", models="m", data_scale=0.1, data_seed=11,
+                   dataset_sha256=None).to_json()
+    assert now["affinity"] == "auto"
+    before = {k: v for k, v in now.items() if k != "affinity"}  # written before --affinity existed: unpinned
+    assert differences(before, {**now, "affinity": "off"}, RESUMABLE) == []
+    assert differences(before, now, RESUMABLE) == ["affinity 'off' vs 'auto'"]
+    with pytest.raises(UsageError, match="--affinity must be auto or off"):
+        Settings(quick=True, sizes=QUICK, data="d", models="m", data_scale=0.1, data_seed=11, dataset_sha256=None,
+                 affinity="on")
 
 
 def test_the_batched_ranking_bench_runs_on_the_characterizations_threads_and_gives_the_process_its_own_back(

@@ -205,6 +205,33 @@ def test_bench_chain_grpc_agrees_with_in_process(served, small_models, small_dat
     assert report["end_to_end"]["grpc_p50_us"] > 0 and report["end_to_end"]["ratio_p50"] > 0
 
 
+def expected_cpus(stage: str) -> set[int]:
+    """The CPUs ``served``'s ``stage`` process must run on: ``--affinity auto`` for its settings (one thread
+    per stage) on this machine's usable CPUs (all of them for a stage it does not place)."""
+    from recpipe.serving.affinity import plan, usable
+    from recpipe.stages import registry
+
+    placement, _ = plan(registry(), "auto", {}, 1)
+    return set(placement[stage][0]) if stage in placement else set(usable())
+
+
+def test_each_stage_process_runs_on_the_cpus_its_affinity_line_names(served):
+    from recpipe.serving.affinity import plan
+    from recpipe.stages import registry
+
+    _, lines, stages = served
+    line = next((s for s in lines.seen if s.startswith("affinity: ")), None) or \
+        lines.until(lambda s: s.startswith("affinity: "), timeout=5)
+    placement, said = plan(registry(), "auto", {}, 1)
+    assert line.strip() == said
+    for name, stage in stages.items():
+        assert os.sched_getaffinity(stage["pid"]) == expected_cpus(name), (name, line)
+        threads = os.listdir(f"/proc/{stage['pid']}/task")  # every thread, started before or after the pin
+        assert {frozenset(os.sched_getaffinity(int(t))) for t in threads} == {frozenset(expected_cpus(name))}, name
+    if len(os.sched_getaffinity(0)) == 2:  # this machine's case (CI: 2 cores, 4 processes)
+        assert placement and placement["ranking"] != placement["gateway"], line
+
+
 def test_killed_stage_is_restarted(served, gateway_watch):
     _, lines, stages = served
     old = stages["features"]["pid"]
@@ -214,6 +241,7 @@ def test_killed_stage_is_restarted(served, gateway_watch):
     restarted = lines.until(lambda s: "stage features restarted" in s, timeout=10)
     stages["features"]["pid"] = int(re.search(r"\(pid (\d+)", restarted).group(1))
     assert stages["features"]["pid"] != old
+    assert os.sched_getaffinity(stages["features"]["pid"]) == expected_cpus("features")  # its standby was placed too
     lines.until(lambda s: "stage features is SERVING again" in s, timeout=120)
     # the gateway's health followed: NOT_SERVING while features was down, SERVING again after
     down = gateway_watch.seen_after(killed_at, "NOT_SERVING", timeout=10)
