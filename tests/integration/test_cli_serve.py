@@ -241,8 +241,8 @@ def test_killed_stage_is_restarted(served, gateway_watch):
     restarted = lines.until(lambda s: "stage features restarted" in s, timeout=10)
     stages["features"]["pid"] = int(re.search(r"\(pid (\d+)", restarted).group(1))
     assert stages["features"]["pid"] != old
-    assert os.sched_getaffinity(stages["features"]["pid"]) == expected_cpus("features")  # its standby was placed too
     lines.until(lambda s: "stage features is SERVING again" in s, timeout=120)
+    assert os.sched_getaffinity(stages["features"]["pid"]) == expected_cpus("features")  # the new one is placed too
     # the gateway's health followed: NOT_SERVING while features was down, SERVING again after
     down = gateway_watch.seen_after(killed_at, "NOT_SERVING", timeout=10)
     gateway_watch.seen_after(down, "SERVING", timeout=30)
