@@ -112,8 +112,7 @@ class Settings:
 COMPARABLE: tuple[str, ...] = ("quick", "data_scale", "data_seed", "num_candidates", "num_results", "seed", "sizes")
 #: settings a rerun into the same --out must share with the finished sections (else they do not belong together)
 RESUMABLE: tuple[str, ...] = (*COMPARABLE, "data", "models", "device", "threads", "replicas", "affinity",
-                              "workers",
-                              "serve_args")
+                              "workers", "serve_args")
 #: what a document written before a setting existed was measured with
 _DEFAULTS: dict[str, Any] = {"replicas": "1", "affinity": "off"}
 

@@ -17,9 +17,10 @@ gateway and features on the other, gave 243.75 / 275 (2 rounds): ranking loses w
 price is at saturation, where the others' one core is the limit: a closed loop of 8 clients got 2.59-2.82
 ms of CPU per query and 407-436 q/s against 2.45-2.62 and 418-449 unpinned (3 rounds; BENCHMARKS.md).
 
-``auto`` pins only where the processes outnumber the usable cores (where each process can have a
-core, the kernel keeps them apart by itself) and where the own-core stages' processes (one core per
-compute thread each) leave the others at least one core; elsewhere it leaves placement to the kernel.
+``auto`` pins only where the processes outnumber the usable cores (where each process can have a core
+the sharing above need not happen, and pinning there is not measured) and where the own-core stages'
+processes (one core per compute thread each) leave the others at least one core; elsewhere it leaves
+placement to the kernel.
 Containers (compose, Kubernetes) run one stage each: their placement is the runtime's (``cpuset``,
 the kubelet's static CPU manager), not this.
 """
@@ -135,7 +136,7 @@ def plan(registry: Registry, flag: str, replicas: Mapping[str, int], threads: in
     elif not hasattr(os, "sched_setaffinity"):
         why = "this platform cannot pin a process"
     elif processes <= n:
-        why = f"{processes} processes on {n} cores: the kernel gives each a core"
+        why = f"{processes} processes on {n} cores: each can have a core"
     elif need > n - 1:
         why = f"{'/'.join(s.name for s in own)} would take {need} of {n} cores, leaving the other stages none"
     if why:
