@@ -34,6 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from recpipe.errors import UsageError
+from recpipe.serving.threads import usable_cpus
 
 if TYPE_CHECKING:
     from recpipe.serving.spec import Registry
@@ -79,13 +80,6 @@ def format_cpus(cpus: Iterable[int]) -> str:
     return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
-def usable() -> tuple[int, ...]:
-    """The CPUs this process may run on (all of them where the platform cannot say)."""
-    if hasattr(os, "sched_getaffinity"):
-        return tuple(sorted(os.sched_getaffinity(0)))
-    return tuple(range(os.cpu_count() or 1))
-
-
 #: the CPUs this process could run on before ``pin`` narrowed them: the chain's (None: not pinned)
 _before_pin: tuple[int, ...] | None = None
 
@@ -93,14 +87,14 @@ _before_pin: tuple[int, ...] | None = None
 def chain_cores() -> int:
     """The cores the chain's processes share: this process's own before ``--cpus`` placed it (what a
     decision weighing the chain's processes against the cores needs, not the process's own share)."""
-    return len(_before_pin or usable())
+    return len(_before_pin or usable_cpus())
 
 
 def pin(cpus: Sequence[int]) -> None:
     """Run this process, and every thread it starts from now on, on ``cpus`` (``--cpus``): a stage process
     calls it first, before it loads a library that starts threads."""
     global _before_pin
-    allowed = usable()
+    allowed = usable_cpus()
     outside = sorted(set(cpus) - set(allowed))
     if outside:
         raise UsageError(f"--cpus {format_cpus(cpus)}: this process may only run on CPUs {format_cpus(allowed)}")
@@ -119,7 +113,7 @@ def plan(registry: Registry, flag: str, replicas: Mapping[str, int], threads: in
     ones), given the processes per stage (``replicas``) and their compute threads, and a line saying
     what was chosen. Each process of an own-core stage gets as many cores as it has threads (at least
     one), taken from the top; every other process gets the cores left."""
-    cores = sorted(usable() if cores is None else cores)
+    cores = sorted(usable_cpus() if cores is None else cores)
     n = len(cores)
     if flag == "off":
         return {}, "affinity: off (every stage process may run on any core)"

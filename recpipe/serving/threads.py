@@ -16,11 +16,16 @@ from collections.abc import Iterator
 WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
 
 
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity mask), else the machine's count."""
+def usable_cpus() -> tuple[int, ...]:
+    """The CPUs this process may run on (its affinity mask), else all the machine's."""
     if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+        return tuple(sorted(os.sched_getaffinity(0)))
+    return tuple(range(os.cpu_count() or 1))
+
+
+def usable_cores() -> int:
+    """How many cores this process may run on (``usable_cpus``)."""
+    return len(usable_cpus())
 
 
 def configure(threads: int, *, torch: bool = False, faiss: bool = False) -> None:

@@ -209,11 +209,12 @@ def test_bench_chain_grpc_agrees_with_in_process(served, small_models, small_dat
 def expected_cpus(stage: str) -> set[int]:
     """The CPUs ``served``'s ``stage`` process must run on: ``--affinity auto`` for its settings (one thread
     per stage) on this machine's usable CPUs (all of them for a stage it does not place)."""
-    from recpipe.serving.affinity import plan, usable
+    from recpipe.serving.affinity import plan
+    from recpipe.serving.threads import usable_cpus
     from recpipe.stages import registry
 
     placement, _ = plan(registry(), "auto", {}, 1)
-    return set(placement[stage][0]) if stage in placement else set(usable())
+    return set(placement[stage][0]) if stage in placement else set(usable_cpus())
 
 
 def test_each_stage_process_runs_on_the_cpus_its_affinity_line_names(served):

@@ -10,8 +10,9 @@ import sys
 import pytest
 
 from recpipe.cli import main
-from recpipe.serving.affinity import format_cpus, parse_cpus, plan, usable
+from recpipe.serving.affinity import format_cpus, parse_cpus, plan
 from recpipe.serving.launch import allocate_ports, supervised_stages
+from recpipe.serving.threads import usable_cores, usable_cpus
 from recpipe.stages import registry
 
 
@@ -72,7 +73,7 @@ def test_the_supervisor_passes_each_process_its_cpus(tmp_path) -> None:
 def test_cpus_pins_every_thread_of_the_process() -> None:
     """In a child process: a thread started before the pin and one started after both run on the CPU
     given, and the cores the chain shares (what the gateway weighs its processes against) are still all."""
-    cpu = usable()[-1]
+    cpu = usable_cpus()[-1]
     code = (
         "import os, threading\n"
         "from recpipe.serving.affinity import chain_cores, pin\n"
@@ -83,15 +84,15 @@ def test_cpus_pins_every_thread_of_the_process() -> None:
         "ev.set()\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == f"[{cpu}] {len(usable())}"  # the chain's cores stay the machine's
+    assert out.strip() == f"[{cpu}] {len(usable_cpus())}"  # the chain's cores stay the machine's
 
 
 def test_bad_affinity_flags_are_one_line_usage_errors(capsys, tmp_path) -> None:
-    beyond = max(usable()) + 1
+    beyond = max(usable_cpus()) + 1
     assert main(["serve", "--stage", "ranking", "--cpus", str(beyond), "--models", str(tmp_path),
                  "--data", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert f"--cpus {beyond}: this process may only run on CPUs {format_cpus(usable())}" in err
+    assert f"--cpus {beyond}: this process may only run on CPUs {format_cpus(usable_cpus())}" in err
     assert len(err.strip().splitlines()) == 1
     assert main(["serve", "--stage", "ranking", "--affinity", "auto"]) == 2
     assert "--affinity only applies to --stage all" in capsys.readouterr().err
@@ -104,5 +105,6 @@ def test_bad_affinity_flags_are_one_line_usage_errors(capsys, tmp_path) -> None:
         assert ("--cpus" if "--cpus" in argv else "--affinity") in err and len(err.strip().splitlines()) == 1, err
 
 
-def test_the_usable_cpus_are_this_process_s_mask() -> None:
-    assert set(usable()) == os.sched_getaffinity(0)
+def test_the_usable_cpus_are_this_process_s_mask_and_usable_cores_their_count() -> None:
+    assert set(usable_cpus()) == os.sched_getaffinity(0)
+    assert usable_cores() == len(os.sched_getaffinity(0))
