@@ -6,16 +6,23 @@ other processes and moves it between cores. A batch's ranking forward is a few m
 thread through a compiled graph and oneDNN kernels, and in the chain it ran about twice as slow per
 query as warm and alone (2-core VM: 1.2-1.3 ms per query in batches of 3-11 at 300 q/s against 0.47 in
 ``recpipe bench ranking``), presumably from the sharing (not isolated). A stage like that, which takes
-most of the chain's CPU (``StageSpec.own_cores``: ranking), gets cores of its own, and every other
-stage process shares the rest.
+most of the chain's CPU (``StageSpec.own_cores``: ranking), gets cores of its own; the other stages
+that compute share the rest, and the entry stage runs anywhere (below).
 
 On the 2-core VM (AVX512-BF16, scale 0.1, serve defaults; ``querygen --mode open --rate 400
 --slo-p99-ms 50 --duration 8``, 5 alternating rounds) the highest rate at p99 <= 50 ms was 193.75-400
-q/s (median 375) with ranking alone on one core and the other stages on the other, against 193.75-350
+q/s (median 375) with ranking alone on one core and the other stages, the gateway too, on the other, against 193.75-350
 (median 300) unpinned and 150-250 (median 193.75) for 03a97ac. Ranking and retrieval on one core, the
 gateway and features on the other, gave 243.75 / 275 (2 rounds): ranking loses what it shares. The
 price is at saturation, where the others' one core is the limit: a closed loop of 8 clients got 2.59-2.82
 ms of CPU per query and 407-436 q/s against 2.45-2.62 and 418-449 unpinned (3 rounds; BENCHMARKS.md).
+
+The entry stage (the gateway) is never confined: it is the chain's door, and it must keep up admitting
+and refusing however loaded the stages are. Confined with features and retrieval to the one core left
+beside ranking, at 3x the SLO rate (``querygen --mode open --rate 1200 --duration 10``) it refused
+nothing, and its calls took 2.4 s at p50 until the generator cancelled them; running anywhere it
+refused 52% at once with RESOURCE_EXHAUSTED, as unpinned (47%). That costs some of the gain above: with
+the gateway free, 337.5 / 325 / 337.5 q/s against 450 / 387.5 / 387.5 confined (3 alternating rounds).
 
 ``auto`` pins only where the processes outnumber the usable cores (where each process can have a core
 the sharing above need not happen, and pinning there is not measured) and where the own-core stages'
@@ -112,7 +119,7 @@ def plan(registry: Registry, flag: str, replicas: Mapping[str, int], threads: in
     """The CPUs of every stage process under ``--affinity flag`` on ``cores`` (default: the usable
     ones), given the processes per stage (``replicas``) and their compute threads, and a line saying
     what was chosen. Each process of an own-core stage gets as many cores as it has threads (at least
-    one), taken from the top; every other process gets the cores left."""
+    one), taken from the top; every other process but the entry stage's gets the cores left."""
     cores = sorted(usable_cpus() if cores is None else cores)
     n = len(cores)
     if flag == "off":
@@ -145,9 +152,11 @@ def plan(registry: Registry, flag: str, replicas: Mapping[str, int], threads: in
             top -= w
     rest = tuple(cores[:top])
     for s in registry:
-        if s.name not in placement:
+        if s.name not in placement and s is not registry.entry:  # the door runs anywhere (module doc)
             placement[s.name] = [rest] * replicas.get(s.name, 1)
+    mine_names = {s.name for s in own}
     mine = "; ".join(f"{name} on CPU {' / '.join(format_cpus(c) for c in sets)}"
-                     for name, sets in placement.items() if name in {s.name for s in own})
-    return placement, (f"affinity: auto on {n} cores, {processes} processes: {mine}; the other stages on CPU "
-                       f"{format_cpus(rest)} (--affinity off leaves placement to the kernel)")
+                     for name, sets in placement.items() if name in mine_names)
+    others = ", ".join(s.name for s in registry if s.name not in mine_names and s is not registry.entry)
+    return placement, (f"affinity: auto on {n} cores, {processes} processes: {mine}; {others} on CPU "
+                       f"{format_cpus(rest)}; {registry.entry.name} on any (--affinity off leaves placement to the kernel)")

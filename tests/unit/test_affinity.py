@@ -31,14 +31,23 @@ def test_bad_cpu_lists_are_refused(text: str) -> None:
 
 def test_auto_gives_ranking_a_core_of_its_own_where_the_processes_outnumber_the_cores() -> None:
     placement, line = plan(registry(), "auto", {}, registry().auto_threads(2), cores=[0, 1])
-    assert placement == {"ranking": [(1,)], "features": [(0,)], "retrieval": [(0,)], "gateway": [(0,)]}
-    assert line.startswith("affinity: auto on 2 cores, 4 processes: ranking on CPU 1; the other stages on CPU 0")
+    assert placement == {"ranking": [(1,)], "features": [(0,)], "retrieval": [(0,)]}
+    assert line.startswith("affinity: auto on 2 cores, 4 processes: ranking on CPU 1; features, retrieval on CPU 0; "
+                           "gateway on any")
+
+
+def test_the_entry_stage_is_never_confined() -> None:
+    """The door keeps every core it may use, so it can still refuse at once when the stages are saturated."""
+    stages = registry()
+    for cores, replicas in (([0, 1], {}), ([0, 1, 2], {"ranking": 2}), ([0, 1, 2, 3, 4], {"gateway": 3, "ranking": 2})):
+        placement, _ = plan(stages, "auto", replicas, 1, cores=cores)
+        assert placement and stages.entry.name not in placement, (cores, replicas)
 
 
 def test_auto_sizes_the_own_cores_by_threads_and_replicas() -> None:
     placement, _ = plan(registry(), "auto", {"ranking": 2, "gateway": 2}, 2, cores=[0, 2, 4, 6, 8])
     assert placement["ranking"] == [(6, 8), (2, 4)]
-    assert placement["gateway"] == [(0,), (0,)] and placement["features"] == [(0,)]
+    assert "gateway" not in placement and placement["features"] == [(0,)]
 
 
 @pytest.mark.parametrize(("cores", "replicas", "threads", "why"), [
@@ -64,8 +73,8 @@ def test_the_supervisor_passes_each_process_its_cpus(tmp_path) -> None:
     ports = allocate_ports(stages, "127.0.0.1", 0, -1, replicas)
     processes = supervised_stages(stages, models=tmp_path, data=tmp_path, host="127.0.0.1", ports=ports, threads=1,
                                   cpus=cpus)
-    given = {p.name: p.argv[p.argv.index("--cpus") + 1] for p in processes}
-    assert given == {"features": "0", "retrieval": "0", "ranking#1": "2", "ranking#2": "1", "gateway": "0"}
+    given = {p.name: p.argv[p.argv.index("--cpus") + 1] if "--cpus" in p.argv else None for p in processes}
+    assert given == {"features": "0", "retrieval": "0", "ranking#1": "2", "ranking#2": "1", "gateway": None}
     unplaced = supervised_stages(stages, models=tmp_path, data=tmp_path, host="127.0.0.1", ports=ports, threads=1)
     assert not any("--cpus" in p.argv for p in unplaced)
 
