@@ -14,6 +14,7 @@ from typing import Any
 
 from recpipe.errors import UsageError
 from recpipe.querygen.config import parse_processes
+from recpipe.serving.affinity import AFFINITIES
 
 
 @dataclass(frozen=True)
@@ -98,8 +99,8 @@ class Settings:
         if not self.budget_s > 0:
             raise UsageError(f"--budget-s must be > 0, got {self.budget_s:g}")
         parse_processes(str(self.generator_processes), "--generator-processes")
-        if self.affinity not in ("auto", "off"):
-            raise UsageError(f"--affinity must be auto or off, got {self.affinity!r}")
+        if self.affinity not in AFFINITIES:
+            raise UsageError(f"--affinity must be {' or '.join(AFFINITIES)}, got {self.affinity!r}")
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)

@@ -13,8 +13,8 @@ On the 2-core VM (AVX512-BF16, scale 0.1, serve defaults; ``querygen --mode open
 --slo-p99-ms 50 --duration 8``, 5 alternating rounds) the highest rate at p99 <= 50 ms was 193.75-400
 q/s (median 375) with ranking alone on one core and the other stages, the gateway too, on the other, against 193.75-350
 (median 300) unpinned and 150-250 (median 193.75) for 03a97ac. Ranking and retrieval on one core, the
-gateway and features on the other, gave 243.75 / 275 (2 rounds): ranking loses what it shares. The
-price is at saturation, where the others' one core is the limit: a closed loop of 8 clients got 2.59-2.82
+gateway and features on the other, gave 243.75 / 275 (2 rounds): ranking loses what it shares. That
+form's price was at saturation, where the others' one core is the limit: a closed loop of 8 clients got 2.59-2.82
 ms of CPU per query and 407-436 q/s against 2.45-2.62 and 418-449 unpinned (3 rounds; BENCHMARKS.md).
 
 The entry stage (the gateway) is never confined: it is the chain's door, and it must keep up admitting
@@ -22,7 +22,9 @@ and refusing however loaded the stages are. Confined with features and retrieval
 beside ranking, at 3x the SLO rate (``querygen --mode open --rate 1200 --duration 10``) it refused
 nothing, and its calls took 2.4 s at p50 until the generator cancelled them; running anywhere it
 refused 52% at once with RESOURCE_EXHAUSTED, as unpinned (47%). That costs some of the gain above: with
-the gateway free, 337.5 / 325 / 337.5 q/s against 450 / 387.5 / 387.5 confined (3 alternating rounds).
+the gateway free, 337.5 / 325 / 337.5 q/s against 450 / 387.5 / 387.5 confined (3 alternating rounds),
+and on another day 325 / 375 / 412.5 against 03a97ac's 168.75 / 218.75 / 243.75. Free, it has no measurable
+price at saturation: closed loop 8, 2.54-2.75 ms of CPU per query against 2.43-2.79 unpinned (3 rounds).
 
 ``auto`` pins only where the processes outnumber the usable cores (where each process can have a core
 the sharing above need not happen, and pinning there is not measured) and where the own-core stages'
@@ -46,6 +48,8 @@ from recpipe.serving.threads import usable_cpus
 if TYPE_CHECKING:
     from recpipe.serving.spec import Registry
 
+#: ``--affinity``'s choices, shared by every command that starts the chain and ``characterize``'s settings
+AFFINITIES = ("auto", "off")
 #: ``--affinity`` help, shared by every command that starts the chain.
 AFFINITY_HELP = ("where the stage processes run: auto (default) gives ranking cores of its own and the other "
                  "stages the rest where the processes outnumber the cores; off leaves placement to the kernel")
@@ -56,7 +60,7 @@ Placement = dict[str, list[tuple[int, ...]]]
 
 def affinity_arg(text: str) -> str:
     """``--affinity``: auto or off."""
-    if text not in ("auto", "off"):
+    if text not in AFFINITIES:
         raise argparse.ArgumentTypeError(f"must be auto or off, got {text!r}")
     return text
 
