@@ -156,27 +156,17 @@ def chain(settings: Settings, log_level: str) -> Iterator[Chain]:
     """The stages (one process each, or the replicas ``settings.replicas`` asks for) on free ports of
     127.0.0.1, as ``recpipe demo`` starts them."""
     from recpipe.config import DEFAULT_HOST
-    from recpipe.serving.affinity import plan
-    from recpipe.serving.launch import (
-        allocate_ports,
-        direct_target,
-        resolve_replicas,
-        resolve_threads,
-        supervised_stages,
-        threads_arg,
-    )
+    from recpipe.serving.launch import direct_target, plan_chain, threads_arg
     from recpipe.serving.supervisor import Supervisor
     from recpipe.stages import REGISTRY
 
     host = DEFAULT_HOST
-    replicas, replicas_line = resolve_replicas(REGISTRY, settings.replicas, settings.device)
-    ports = allocate_ports(REGISTRY, host, 0, -1, replicas)
-    threads, chosen = resolve_threads(REGISTRY, threads_arg(settings.threads), replicas)
-    cpus, placed = plan(REGISTRY, settings.affinity, replicas, threads)
-    stages = supervised_stages(REGISTRY, models=Path(settings.models), data=Path(settings.data), host=host,
-                               ports=ports, device=settings.device, threads=threads,
-                               workers=settings.workers, log_level=log_level, extra=settings.serve_args, cpus=cpus)
-    say(f"serve: starting {', '.join(REGISTRY.names)}; {replicas_line}; {chosen}; {placed}")
+    planned = plan_chain(REGISTRY, models=Path(settings.models), data=Path(settings.data), host=host,
+                         replicas=settings.replicas, threads=threads_arg(settings.threads), affinity=settings.affinity,
+                         device=settings.device, workers=settings.workers, log_level=log_level,
+                         extra=settings.serve_args)
+    stages = planned.processes
+    say(f"serve: starting {', '.join(REGISTRY.names)}; {'; '.join(planned.said)}")
     supervisor = Supervisor(stages)
     supervisor.start()
     try:

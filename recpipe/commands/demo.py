@@ -81,25 +81,15 @@ def _serve_and_measure(args: argparse.Namespace, data: Path, models: Path) -> in
     from recpipe.querygen import loops, output, plots, session
     from recpipe.querygen.config import QuerygenConfig
     from recpipe.querygen.workload import fixed_candidates
-    from recpipe.serving.affinity import plan
-    from recpipe.serving.launch import (
-        allocate_ports,
-        direct_target,
-        resolve_replicas,
-        resolve_threads,
-        supervised_stages,
-    )
+    from recpipe.serving.launch import direct_target, plan_chain
     from recpipe.serving.supervisor import Supervisor
     from recpipe.stages import REGISTRY
 
     host = DEFAULT_HOST
-    replicas, replicas_line = resolve_replicas(REGISTRY, args.replicas, args.device)
-    ports = allocate_ports(REGISTRY, host, 0, -1, replicas)
-    threads, chosen = resolve_threads(REGISTRY, args.threads, replicas)
-    cpus, placed = plan(REGISTRY, args.affinity, replicas, threads)
-    stages = supervised_stages(REGISTRY, models=models, data=data, host=host, ports=ports,
-                               device=args.device, threads=threads, log_level=args.log_level, cpus=cpus)
-    _step(f"serve: starting {', '.join(REGISTRY.names)}; {replicas_line}; {chosen}; {placed}")
+    chain = plan_chain(REGISTRY, models=models, data=data, host=host, replicas=args.replicas, threads=args.threads,
+                       affinity=args.affinity, device=args.device, log_level=args.log_level)
+    stages = chain.processes
+    _step(f"serve: starting {', '.join(REGISTRY.names)}; {'; '.join(chain.said)}")
     supervisor = Supervisor(stages)
     supervisor.start()
     try:

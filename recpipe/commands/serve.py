@@ -226,7 +226,6 @@ def _run_all(args: argparse.Namespace, stages: Registry, batch: BatchConfig, opt
     import threading
 
     from recpipe.serving import launch
-    from recpipe.serving.affinity import plan
     from recpipe.serving.options import merged_argv
     from recpipe.serving.supervisor import Supervisor
 
@@ -235,19 +234,13 @@ def _run_all(args: argparse.Namespace, stages: Registry, batch: BatchConfig, opt
                        ("--own-port", args.own_port is not None), ("--cpus", args.cpus is not None)):
         if used:
             raise UsageError(f"{flag} only applies to --stage NAME (--stage all sets it for replicas)")
-    replicas, replicas_line = launch.resolve_replicas(stages, args.replicas, args.device)
-    for path, what in ((args.models, "--models"), (args.data, "--data")):
-        if not Path(path).is_dir():
-            raise UsageError(f"{what} {path}: no such directory")
-    base = DEFAULT_PORT if args.port is None else args.port
-    ports = launch.allocate_ports(stages, args.host, base, args.metrics_port, replicas)
-    threads, chosen = launch.resolve_threads(stages, args.threads, replicas)
-    cpus, placed = plan(stages, args.affinity or "auto", replicas, threads)
-    processes = launch.supervised_stages(
-        stages, models=args.models, data=args.data, host=args.host, ports=ports,
-        device=args.device, threads=threads, workers=args.workers, grace=args.grace, log_level=args.log_level,
-        extra=[*batch.to_argv(), *(["--nvtx"] if args.nvtx else []), *merged_argv(options.values())], cpus=cpus,
+    chain = launch.plan_chain(
+        stages, models=args.models, data=args.data, host=args.host, replicas=args.replicas, threads=args.threads,
+        affinity=args.affinity or "auto", device=args.device, base=DEFAULT_PORT if args.port is None else args.port,
+        metrics=args.metrics_port, workers=args.workers, grace=args.grace, log_level=args.log_level,
+        extra=[*batch.to_argv(), *(["--nvtx"] if args.nvtx else []), *merged_argv(options.values())],
     )
+    processes = chain.processes
     unresponsive = DEFAULT_UNRESPONSIVE_S if args.unresponsive_timeout is None else args.unresponsive_timeout
     supervisor = Supervisor(processes, startup_timeout_s=args.startup_timeout, grace_s=args.grace,
                             unresponsive_s=unresponsive, standby=args.warm_standby)
@@ -259,7 +252,8 @@ def _run_all(args: argparse.Namespace, stages: Registry, batch: BatchConfig, opt
     many = f", {len(processes)} processes" if len(processes) > len(stages) else ""
     print(f"recpipe serving ({len(stages)} stages{many}; Ctrl-C stops):")
     print(summary(supervisor, processes, args.host))
-    print(chosen)
+    replicas_line, threads_line, placed = chain.said
+    print(threads_line)
     print(replicas_line)
     print(placed)
     sys.stdout.flush()

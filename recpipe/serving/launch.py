@@ -36,6 +36,7 @@ from pathlib import Path
 
 from recpipe.accel.device import certainly_cpu
 from recpipe.errors import UsageError
+from recpipe.serving.affinity import format_cpus, plan
 from recpipe.serving.config import METRICS_PORT_OFFSET
 from recpipe.serving.spec import CORES_PER_PROCESS, GPU_CORES_PER_PROCESS, Registry, cores_per_process
 from recpipe.serving.supervisor import StageProcess, free_port
@@ -266,8 +267,6 @@ def supervised_stages(
     (``recpipe.serving.affinity.plan``; a stage left out runs anywhere). Replicas are named ``STAGE#1``,
     ``STAGE#2``, ...
     """
-    from recpipe.serving.affinity import format_cpus
-
     connect = connect_host(host)
     targets = {name: replica_target([f"{connect}:{p.port}" for p in ps]) for name, ps in ports.items()}
     processes = []
@@ -296,3 +295,34 @@ def supervised_stages(
             processes.append(StageProcess(process, f"{connect}:{p.own}", tuple(argv), p.metrics, stage=name,
                                           target=targets[name]))
     return processes
+
+
+@dataclass(frozen=True)
+class ChainPlan:
+    """What ``plan_chain`` chose: the processes to supervise, and a line each saying how many processes
+    each stage got, their threads, and their CPUs."""
+
+    processes: list[StageProcess]
+    said: tuple[str, str, str]
+
+
+def plan_chain(registry: Registry, *, models: Path, data: Path, host: str, replicas: str | None = None,
+               threads: int | None = None, affinity: str = "auto", device: str = "auto", base: int = 0,
+               metrics: int | None = -1, workers: int = 0, grace: float = 5.0, log_level: str = "WARNING",
+               extra: Sequence[str] = ()) -> ChainPlan:
+    """Every process of the chain the way ``recpipe serve --stage all``, ``demo`` and ``characterize``
+    start it, from their flags: ``--replicas`` (``resolve_replicas``), ports from ``base`` (0: free ones)
+    and ``metrics`` (``allocate_ports``), ``--threads`` (None: auto, ``resolve_threads``), ``--affinity``
+    (``recpipe.serving.affinity.plan``); the rest as ``supervised_stages`` takes them. ``UsageError``
+    for a bad flag, or ``models`` or ``data`` not a directory."""
+    counts, replicas_line = resolve_replicas(registry, replicas, device)
+    for path, what in ((models, "--models"), (data, "--data")):
+        if not Path(path).is_dir():
+            raise UsageError(f"{what} {path}: no such directory")
+    ports = allocate_ports(registry, host, base, metrics, counts)
+    chosen, threads_line = resolve_threads(registry, threads, counts)
+    cpus, placed = plan(registry, affinity, counts, chosen)
+    processes = supervised_stages(registry, models=models, data=data, host=host, ports=ports, device=device,
+                                  threads=chosen, workers=workers, grace=grace, log_level=log_level, extra=extra,
+                                  cpus=cpus)
+    return ChainPlan(processes, (replicas_line, threads_line, placed))

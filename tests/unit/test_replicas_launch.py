@@ -168,3 +168,28 @@ def test_free_ports_are_distinct_even_when_the_kernel_hands_one_out_twice(monkey
     ports = launch.allocate_ports(REGISTRY, "127.0.0.1", 0, 0, {"ranking": 2, "gateway": 2})
     every = [p for ps in ports.values() for q in ps for p in (q.own, q.metrics)]
     assert len(every) == len(set(every))
+
+
+def test_plan_chain_is_the_steps_serve_demo_and_characterize_take(tmp_path: Path) -> None:
+    """``plan_chain`` from the flags: replicas, ports, threads and CPUs as the separate steps give them."""
+    models, data = tmp_path / "m", tmp_path / "d"
+    models.mkdir()
+    data.mkdir()
+    planned = launch.plan_chain(REGISTRY, models=models, data=data, host="127.0.0.1", replicas="ranking=2",
+                                threads=1, affinity="auto", device="cpu", base=50051, metrics=None,
+                                extra=["--max-batch", "8"])
+    names = [p.name for p in planned.processes]
+    assert names == ["features", "retrieval", "ranking#1", "ranking#2", "gateway"]
+    by_name = {p.name: p for p in planned.processes}
+    assert _flag(by_name["ranking#2"].argv, "--port") == "50154"
+    assert _flag(by_name["gateway"].argv, "--ranking") == "ipv4:127.0.0.1:50054,127.0.0.1:50154"
+    assert all(_flag(p.argv, "--threads") == "1" and _flag(p.argv, "--max-batch") == "8" for p in planned.processes)
+    replicas_line, threads_line, placed = planned.said
+    assert replicas_line == launch.resolve_replicas(REGISTRY, "ranking=2", "cpu")[1]
+    assert threads_line == "threads: 1 per stage process" and placed.startswith("affinity: ")
+    off = launch.plan_chain(REGISTRY, models=models, data=data, host="127.0.0.1", affinity="off")
+    assert all("--cpus" not in p.argv for p in off.processes) and off.said[2].startswith("affinity: off")
+    with pytest.raises(UsageError, match=r"--models .*: no such directory"):
+        launch.plan_chain(REGISTRY, models=tmp_path / "none", data=data, host="127.0.0.1")
+    with pytest.raises(UsageError, match=r"--data .*: no such directory"):
+        launch.plan_chain(REGISTRY, models=models, data=tmp_path / "none", host="127.0.0.1")
