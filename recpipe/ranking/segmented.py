@@ -1,6 +1,6 @@
 """The compiled CPU forward for a batch of users: two compiled parts around one matmul per user.
 
-The factorised forward (``recpipe.ranking.predictor._UserSplit``) folds each user's vectors into the
+The factorised forward (``recpipe.ranking.factorised._UserSplit``) folds each user's vectors into the
 first layer's item columns, so its candidates need that user's own weights: one matmul per user. A
 compiled forward for one user pays a fixed cost per call (oneDNN sets up each bf16 matmul for about
 15 µs, ten of them; the wrappers and the copies in), about 300 µs of a 600-µs forward at 500

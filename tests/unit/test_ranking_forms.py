@@ -11,8 +11,9 @@ import torch
 
 from recpipe.errors import ArtifactMismatch, UsageError
 from recpipe.ranking import precision
+from recpipe.ranking.factorised import FOLD_MIN_ROWS, user_split
 from recpipe.ranking.model import DLRM, DLRMConfig, LowRankCrossNet
-from recpipe.ranking.predictor import FOLD_MIN_ROWS, Predictor, user_split
+from recpipe.ranking.predictor import Predictor
 
 SIZES = (7, 3, 11, 5, 2, 9)  # 4 "user" + 2 "item" tables
 #: a wide part over the products of user dense columns 1-3 with item dense columns 0-2 and the last table
