@@ -4,6 +4,8 @@
 ``python -m recpipe serve --stage NAME`` process per stage, each with explicit ports, so a restarted
 stage comes back where the stages calling it expect it. The ports follow each spec's ``port_offset``
 from the entry stage's base port; a stage's upstream targets are the ports of the stages it calls.
+``plan_chain`` takes the steps from the commands' flags (replicas, ports, threads, CPUs, command lines);
+the benches that start one process per stage call ``allocate_ports`` and ``supervised_stages`` alone.
 
 A stage may run as several processes, its *replicas* (``--replicas STAGE=N``, or ``auto`` from the
 cores and each stage's ``cost``: ``Registry.auto_replicas``), because one Python process is capped by its
