@@ -418,25 +418,15 @@ def _serve_replicas(argv: list[str], cwd: Path) -> None:
     """``recpipe serve --replicas ranking=2,gateway=2`` in the clone: its summary lists both replicas of
     each, and Recommend calls over several connections to the one gateway address reach both gateway
     replicas, whose Rank calls reach both ranking replicas."""
-    from test_replicas import new_connections, requests_total, serving, until_each_takes_calls
-
-    from recpipe.v1 import recommend_pb2, recommend_pb2_grpc
+    from test_replicas import recommend_from_new_clients, serving, until_each_takes_calls
 
     here = os.getcwd()
     os.chdir(cwd)  # models/ and data/ as the command names them
     try:
         with serving(argv, 6) as s:
             assert [n for n in s.rows if "#" in n] == ["ranking#1", "ranking#2", "gateway#1", "gateway#2"]
-            channels = new_connections(s.targets["gateway"], 16)
-            try:
-                for i, channel in enumerate(channels):
-                    reply = recommend_pb2_grpc.RecommendServiceStub(channel).Recommend(
-                        recommend_pb2.RecommendRequest(user_id=i, num_candidates=50, num_results=5), timeout=30)
-                    assert len(reply.item_ids) == 5
-            finally:
-                for channel in channels:
-                    channel.close()
-            served = [requests_total(s.rows[f"gateway#{k}"]["metrics"], "RecommendService/Recommend") for k in (1, 2)]
+            gateways = [s.rows[f"gateway#{k}"]["metrics"] for k in (1, 2)]
+            served = recommend_from_new_clients(s.targets["gateway"], gateways)
             assert sum(served) == 16 and min(served) > 0, served
             ranked = until_each_takes_calls(s.targets["gateway"], [s.rows[f"ranking#{k}"]["metrics"] for k in (1, 2)],
                                             "RankingService/Rank")

@@ -117,6 +117,21 @@ def new_connections(target: str, count: int) -> list[grpc.Channel]:
     return [make_blocking_channel(target) for _ in range(count)]
 
 
+def recommend_from_new_clients(gateway: str, replicas_metrics: list[str], count: int = 16) -> list[float]:
+    """``count`` Recommend calls to ``gateway``, each over a connection of its own as separate clients
+    would make them; -> how many each gateway replica (its metrics URL) has served."""
+    channels = new_connections(gateway, count)
+    try:
+        for i, channel in enumerate(channels):
+            reply = recommend_pb2_grpc.RecommendServiceStub(channel).Recommend(
+                recommend_pb2.RecommendRequest(user_id=i, num_candidates=50, num_results=5), timeout=30)
+            assert len(reply.item_ids) == 5
+    finally:
+        for channel in channels:
+            channel.close()
+    return [requests_total(url, "RecommendService/Recommend") for url in replicas_metrics]
+
+
 @pytest.mark.slow
 def test_toy_replicas_share_the_entry_port_and_each_has_its_standby(tmp_path: Path) -> None:
     argv = ["--log-level", "INFO", "serve", "--models", str(tmp_path), "--data", str(tmp_path), "--port", "0",
@@ -214,16 +229,7 @@ def test_ranking_replicas_share_the_calls_and_a_killed_one_is_restarted_while_th
         assert upstream_wait_line(f"{wait} (auto: 5 processes, {cores} cores)") + "\n" in s.lines.seen
 
         # the gateway's replicas behind one port, each reached by some of 16 client connections
-        channels = new_connections(gateway, 16)
-        try:
-            for i, channel in enumerate(channels):
-                reply = recommend_pb2_grpc.RecommendServiceStub(channel).Recommend(
-                    recommend_pb2.RecommendRequest(user_id=i, num_candidates=50, num_results=5), timeout=30)
-                assert len(reply.item_ids) == 5
-        finally:
-            for channel in channels:
-                channel.close()
-        served = [requests_total(s.rows[f"gateway#{k}"]["metrics"], "RecommendService/Recommend") for k in (1, 2)]
+        served = recommend_from_new_clients(gateway, [s.rows[f"gateway#{k}"]["metrics"] for k in (1, 2)])
         assert sum(served) == 16 and min(served) > 0, served
         # under concurrent load the gateway's Rank calls reach both ranking replicas
         ranked = until_each_takes_calls(gateway, [r["metrics"] for r in ranking], rank)
