@@ -61,7 +61,7 @@ Placement = dict[str, list[tuple[int, ...]]]
 def affinity_arg(text: str) -> str:
     """``--affinity``: auto or off."""
     if text not in AFFINITIES:
-        raise argparse.ArgumentTypeError(f"must be auto or off, got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be {' or '.join(AFFINITIES)}, got {text!r}")
     return text
 
 
