@@ -1,16 +1,19 @@
 """The query generator's own open-loop throughput and send lag against a cheap target.
 
-The target is the test server (recpipe.querygen.testserver) in its fixed-reply form: a separate process
-(the two must not share a GIL) that answers every Recommend with one prepared response, the least CPU
-a Python gRPC server can spend per query, so that the generator runs out of CPU first. Each rate is run
-on asyncio's default event loop (epoll, whose timeouts round up to whole milliseconds -- the naive form)
-and on the generator's select-based loop with each number of sender processes in ``--processes``
-(querygen ``--processes``: the schedule dealt among them), side by side in the same run. A rate above
-what one process can offer shows the rate each number of processes can: the achieved rate. Reported:
-achieved rate, send lag (actual - scheduled send) p50/p99/max, the end-to-end p50/p99 seen by the
-generator, CPU per query of the generator (every sender process) and of the target, and the whole
-machine's CPU per query and busy share (/proc/stat, all cores): a run that kept the machine busy was
-limited by the machine, whatever more sender processes could offer.
+The target is the test server (recpipe.querygen.testserver) in its fixed-reply form, in a separate
+process (the two must not share a GIL): it answers every Recommend with one prepared response, so that
+the generator runs out of CPU first. By default it answers at the HTTP/2 frame level
+(``--server frames``, recpipe.querygen.frametarget: a fraction of a gRPC server's CPU per query, which
+on a small machine is taken from the generator's cores); ``--server aio`` uses the grpc.aio server
+with a generic handler, the least a Python gRPC server spends. Each rate is run on asyncio's default
+event loop (epoll, whose timeouts round up to whole milliseconds -- the naive form) and on the
+generator's select-based loop with each number of sender processes in ``--processes`` (querygen
+``--processes``: the schedule dealt among them), side by side in the same run. A rate above what one
+process can offer shows the rate each number of processes can: the achieved rate. Reported: achieved
+rate, send lag (actual - scheduled send) p50/p99/max, the end-to-end p50/p99 seen by the generator, CPU
+per query of the generator (every sender process) and of the target, and the whole machine's CPU per
+query and busy share (/proc/stat, all cores): a run that kept the machine busy was limited by the
+machine, whatever more sender processes could offer.
 """
 
 from __future__ import annotations
@@ -35,13 +38,16 @@ TARGET_TWO_PROCESS_GAIN = 1.5
 SHORT_OF_RATE = 0.95
 NAIVE = "naive (asyncio epoll)"
 SELECT = "recpipe (select)"
+FRAMES, AIO = "frames", "aio"
+SERVERS = (FRAMES, AIO)
+_SERVER_NAMES = {FRAMES: "the fixed reply at the HTTP/2 frame level", AIO: "the grpc.aio fixed-reply server"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rates", default="2000,12000",
+    parser.add_argument("--rates", default="2000,25000",
                         help="comma-separated open-loop rates (queries/s); one above what a single process can "
-                             "offer (about 5,000 q/s on a 2-core EPYC) shows what each number of processes "
-                             "can (default 2000,12000)")
+                             "offer (about 12,000 q/s on a 2-core EPYC against the frame-level target, 6,000 "
+                             "against aio) shows what each number of processes can (default 2000,25000)")
     parser.add_argument("--processes", default="1,2", metavar="N[,N...]",
                         help="sender process counts to run side by side on the select loop (default 1,2)")
     parser.add_argument("--duration", type=float, default=5.0, help="measured seconds per run")
@@ -51,6 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeat", type=int, default=1,
                         help="rounds per rate, in alternating order; the summary takes medians (a shared "
                              "machine's load swings between runs)")
+    parser.add_argument("--server", choices=SERVERS, default=FRAMES,
+                        help="the target: the fixed reply at the HTTP/2 frame level (frames, the default: "
+                             "the least CPU per query) or from a grpc.aio server (aio)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON too")
 
 
@@ -175,8 +184,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--repeat must be >= 1, got {args.repeat}")
     variants = [(NAIVE, 1), *((SELECT, n) for n in counts)]
     results = []
-    with TestServerProcess(TestServerConfig({}, fixed_reply=True)) as server:
-        print(f"cheap target: the fixed-reply test server (separate process) at {server.target}; "
+    with TestServerProcess(TestServerConfig({}, fixed_reply=True, frames=args.server == FRAMES)) as server:
+        print(f"cheap target: {_SERVER_NAMES[args.server]} (separate process) at {server.target}; "
               f"{args.duration:g} s per run after {args.warmup:g} s warm-up; {os.cpu_count()} cores")
         print(f"{'loop':<22}{'procs':>6}{'target/s':>10}{'achieved/s':>12}{'lag p50 ms':>12}{'lag p99 ms':>12}"
               f"{'lag max ms':>12}{'e2e p50 ms':>12}{'e2e p99 ms':>12}{'gen us/q':>10}{'srv us/q':>10}"

@@ -30,7 +30,7 @@ import numpy as np
 
 from recpipe.config import STEPS, TOTAL_STEP
 from recpipe.errors import UsageError
-from recpipe.querygen import loops
+from recpipe.querygen import frametarget, loops
 from recpipe.serving import codec
 from recpipe.v1 import (
     features_pb2,
@@ -76,8 +76,13 @@ class TestServerConfig:
     #: request decode, no response build, no delays): the cheapest target a Python gRPC server can be,
     #: so that a benchmark of the generator runs out of the generator's CPU before the target's
     fixed_reply: bool = False
+    #: the fixed reply written at the HTTP/2 frame level (``recpipe.querygen.frametarget``) instead of by
+    #: grpc.aio: a fraction of its CPU per query, and no service but the reply
+    frames: bool = False
 
     def __post_init__(self) -> None:
+        if self.frames and not self.fixed_reply:
+            raise UsageError("--frames is a form of --fixed-reply")
         if self.fixed_reply and (self.delays or self.queue_delays or self.serial or self.alternate_every
                                  or self.stall_every):
             raise UsageError("the fixed reply takes no delays, stalls, --serial or --alternate-every")
@@ -260,6 +265,8 @@ class TestServerProcess:
             argv += ["--alternate-every", str(self.config.alternate_every)]
         if self.config.fixed_reply:
             argv.append("--fixed-reply")
+        if self.config.frames:
+            argv.append("--frames")
         for stage, seconds in self.config.queue_delays.items():
             argv += ["--queue-ms", f"{stage}={seconds * 1000!r}"]
         self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -321,9 +328,15 @@ def parse_delays(specs: Sequence[str]) -> dict[str, float]:
 
 
 async def _serve_forever(config: TestServerConfig, port: int) -> None:
+    loop = asyncio.get_running_loop()
+    if config.frames:
+        frames, bound = await frametarget.start(fixed_reply_bytes(), port=port)
+        print(f"PORT {bound}", flush=True)
+        await loop.run_in_executor(None, sys.stdin.read)
+        await frametarget.stop(frames)
+        return
     server, bound = await start_server(config, port)
     print(f"PORT {bound}", flush=True)
-    loop = asyncio.get_running_loop()
     # Installed even without a stall length, so a stray SIGUSR1 never kills the server.
     loop.add_signal_handler(signal.SIGUSR1, _freeze, config.stall_for)
     if config.stall_every > 0:
@@ -348,10 +361,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--queue-ms", action="append", default=[], metavar="STAGE=MS")
     parser.add_argument("--alternate-every", type=int, default=0, metavar="N")
     parser.add_argument("--fixed-reply", action="store_true")
+    parser.add_argument("--frames", action="store_true",
+                        help="with --fixed-reply: answer at the HTTP/2 frame level (recpipe.querygen.frametarget)")
     args = parser.parse_args(argv)
     config = TestServerConfig(parse_delays(args.delay_ms), args.num_users, args.stall_every_s,
                               args.stall_ms / 1000, args.serial, parse_delays(args.queue_ms),
-                              args.alternate_every, fixed_reply=args.fixed_reply)
+                              args.alternate_every, fixed_reply=args.fixed_reply, frames=args.frames)
     with contextlib.suppress(KeyboardInterrupt):
         loops.run(_serve_forever(config, args.port))
     return 0

@@ -185,9 +185,12 @@ def test_min_queries_runs_each_slo_step_until_it_has_sent_that_many(tmp_path: Pa
     assert plain["queries"] == 10 and plain["workload"]["min_queries"] == 0
 
 
-def test_bench_querygen_prints_naive_beside_fast(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "querygen", "--rates", "200", "--duration", "0.5", "--warmup", "0.1", "--json"]) == 0
+@pytest.mark.parametrize("server", ["frames", "aio"])
+def test_bench_querygen_prints_naive_beside_fast(capsys: pytest.CaptureFixture[str], server: str) -> None:
+    assert main(["bench", "querygen", "--rates", "200", "--duration", "0.5", "--warmup", "0.1", "--json",
+                 "--server", server]) == 0
     out = capsys.readouterr().out
+    assert ("at the HTTP/2 frame level" if server == "frames" else "the grpc.aio fixed-reply server") in out
     assert "naive (asyncio epoll)" in out and "recpipe (select)" in out
     assert "200 q/s: send lag p99 naive" in out
     # one and two sender processes side by side, each sending the whole schedule
