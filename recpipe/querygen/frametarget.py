@@ -29,7 +29,7 @@ from collections import deque
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 # frame types and flags (RFC 9113, section 6)
-DATA, HEADERS, SETTINGS, PING, GOAWAY, WINDOW_UPDATE = 0x0, 0x1, 0x4, 0x6, 0x7, 0x8
+DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE = 0x0, 0x1, 0x3, 0x4, 0x6, 0x7, 0x8
 END_STREAM = ACK = 0x1
 END_HEADERS = 0x4
 PADDED = 0x8
@@ -105,7 +105,7 @@ class FrameTargetProtocol(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._buf = bytearray()
         self._preface = False
-        self._bodies: dict[int, int] = {}  # stream -> its message's length, from its first DATA frame
+        self._bodies: dict[int, int] = {}  # open stream -> DATA bytes received on it, padding aside
         self._received = 0  # DATA bytes since the connection's receive window was last topped up
         self._send_window = DEFAULT_WINDOW  # what the client lets this side send on the connection
         self._waiting: deque[tuple[_Template, int]] = deque()  # answers held for the client's window
@@ -141,10 +141,8 @@ class FrameTargetProtocol(asyncio.Protocol):
             pos = start + length
             if kind == DATA:
                 self._received += length
-                if stream not in self._bodies:
-                    skip = 1 if flags & PADDED else 0
-                    if length >= skip + _GRPC_PREFIX:
-                        self._bodies[stream] = int.from_bytes(buf[start + skip + 1:start + skip + _GRPC_PREFIX], "big")
+                padding = 1 + buf[start] if flags & PADDED and length else 0
+                self._bodies[stream] = self._bodies.get(stream, 0) + length - padding
                 if flags & END_STREAM:
                     self._answer(stream, out)
             elif kind == HEADERS:
@@ -160,6 +158,8 @@ class FrameTargetProtocol(asyncio.Protocol):
                 if stream == 0 and length == 4:
                     self._send_window += int.from_bytes(buf[start:pos], "big") & MAX_WINDOW
                     self._flush(out)
+            elif kind == RST_STREAM:
+                self._bodies.pop(stream, None)
             elif kind == GOAWAY:
                 self._write(out)
                 self._close()
@@ -172,7 +172,8 @@ class FrameTargetProtocol(asyncio.Protocol):
         self._write(out)
 
     def _answer(self, stream: int, out: bytearray) -> None:
-        template = self._ok if self._bodies.pop(stream, 0) > 0 else self._refused
+        # an empty message is its 5-byte gRPC prefix alone
+        template = self._ok if self._bodies.pop(stream, 0) > _GRPC_PREFIX else self._refused
         if self._waiting or template.size > self._send_window:
             self._waiting.append((template, stream))
             return

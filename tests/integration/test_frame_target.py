@@ -125,3 +125,29 @@ def test_a_client_that_breaks_the_framing_is_disconnected(target: str) -> None:
 def test_frames_is_a_form_of_the_fixed_reply() -> None:
     with pytest.raises(UsageError, match="--frames"):
         TestServerConfig({}, frames=True)
+
+
+def test_a_message_split_over_padded_frames_is_told_from_an_empty_one(target: str) -> None:
+    host, port = target.rsplit(":", 1)
+
+    def data(sid: int, payload: bytes, end: bool, pad: int = 0) -> bytes:
+        flags = (ft.END_STREAM if end else 0) | (ft.PADDED if pad else 0)
+        return ft.frame(ft.DATA, flags, sid, (bytes((pad,)) + payload + b"\0" * pad) if pad else payload)
+
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(ft.PREFACE + ft.frame(ft.SETTINGS, 0, 0)
+                     # stream 1: a 2-byte message, its prefix cut in two, the first part padded
+                     + ft.frame(ft.HEADERS, ft.END_HEADERS, 1, b"\x83")
+                     + data(1, b"\x00\x00\x00", False, pad=7) + data(1, b"\x00\x02\x08\x01", True)
+                     # stream 3 reset before it ends, never answered; stream 5: an empty message, padded
+                     + ft.frame(ft.HEADERS, ft.END_HEADERS, 3, b"\x83") + data(3, b"\x00\x00\x00", False)
+                     + ft.frame(ft.RST_STREAM, 0, 3, (8).to_bytes(4, "big"))
+                     + ft.frame(ft.HEADERS, ft.END_HEADERS, 5, b"\x83") + data(5, b"\x00" * 5, True, pad=4))
+        frames = _read_frames(sock, 3 + 3 + 1)
+    by_stream: dict[int, list[int]] = {}
+    for kind, _, sid, _ in frames:
+        by_stream.setdefault(sid, []).append(kind)
+    assert by_stream[1] == [ft.HEADERS, ft.DATA, ft.HEADERS]  # the reply
+    assert by_stream[5] == [ft.HEADERS]  # trailers only: UNIMPLEMENTED
+    assert b"grpc-status\x0212" in next(p for k, _, s, p in frames if s == 5)
+    assert 3 not in by_stream
