@@ -8,6 +8,7 @@ tail but is largely hidden by a closed loop (coordinated omission).
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -200,10 +201,12 @@ def test_bench_querygen_prints_naive_beside_fast(capsys: pytest.CaptureFixture[s
         ("naive (asyncio epoll)", 1), ("recpipe (select)", 1), ("recpipe (select)", 2)]
     assert {r["queries"] for r in rows} == {100} and all(r["errors"] == 0 for r in rows)
     # the whole machine's CPU over each run: busy part of the time, and no less than the generator's (the
-    # counters tick in hundredths of a second: some slack)
+    # counters tick in hundredths of a second per core, so each end of a run may be a tick per core out:
+    # against the frame-level target's few us per query that is most of a 0.6-s run's margin)
+    tick_slack_us = 2 * (os.cpu_count() or 1) * 10_000 / 120  # 120 queries sent a run, warm-up included
     for r in rows:
         assert 0 < r["machine_busy"] <= 1, r
-        assert r["machine_cpu_us_per_query"] >= 0.8 * r["generator_cpu_us_per_query"], r
+        assert r["machine_cpu_us_per_query"] >= 0.8 * r["generator_cpu_us_per_query"] - tick_slack_us, r
 
 
 def test_bench_querygen_says_whether_the_generator_or_the_machine_was_the_limit() -> None:
