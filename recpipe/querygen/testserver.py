@@ -15,13 +15,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -329,13 +330,13 @@ def parse_delays(specs: Sequence[str]) -> dict[str, float]:
 
 async def _serve_forever(config: TestServerConfig, port: int) -> None:
     loop = asyncio.get_running_loop()
+    stop: Callable[[], Awaitable[None]]
     if config.frames:
         frames, bound = await frametarget.start(fixed_reply_bytes(), port=port)
-        print(f"PORT {bound}", flush=True)
-        await loop.run_in_executor(None, sys.stdin.read)
-        await frametarget.stop(frames)
-        return
-    server, bound = await start_server(config, port)
+        stop = functools.partial(frametarget.stop, frames)
+    else:
+        server, bound = await start_server(config, port)
+        stop = functools.partial(server.stop, 0.5)
     print(f"PORT {bound}", flush=True)
     # Installed even without a stall length, so a stray SIGUSR1 never kills the server.
     loop.add_signal_handler(signal.SIGUSR1, _freeze, config.stall_for)
@@ -347,7 +348,7 @@ async def _serve_forever(config: TestServerConfig, port: int) -> None:
         loop.call_later(config.stall_every, stall_again)
     # Exit when the parent closes our stdin, so a crashed benchmark leaves no server behind.
     await loop.run_in_executor(None, sys.stdin.read)
-    await server.stop(0.5)
+    await stop()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -122,9 +122,13 @@ def test_a_client_that_breaks_the_framing_is_disconnected(target: str) -> None:
     assert [k for k, *_ in _frames(data)] == [ft.SETTINGS, ft.WINDOW_UPDATE]  # its preface, nothing else
 
 
-def test_frames_is_a_form_of_the_fixed_reply() -> None:
+def test_frames_is_a_form_of_the_fixed_reply_and_a_stall_signal_does_not_kill_it() -> None:
     with pytest.raises(UsageError, match="--frames"):
         TestServerConfig({}, frames=True)
+    with TestServerProcess(TestServerConfig({}, fixed_reply=True, frames=True)) as server:
+        server.stall()  # SIGUSR1: a freeze of no length, as in the grpc.aio form
+        with grpc.insecure_channel(server.target) as channel:
+            assert channel.unary_unary(RECOMMEND)(b"\x08\x05", timeout=10) == fixed_reply_bytes()
 
 
 def test_a_message_split_over_padded_frames_is_told_from_an_empty_one(target: str) -> None:
