@@ -164,7 +164,7 @@ class FrameTargetProtocol(asyncio.Protocol):
                 self._write(out)
                 self._close()
                 return
-            # RST_STREAM, PRIORITY, CONTINUATION, unknown types: nothing to do
+            # PRIORITY, CONTINUATION, unknown types: nothing to do
         del buf[:pos]
         if self._received >= _TOP_UP:
             out += frame(WINDOW_UPDATE, 0, 0, self._received.to_bytes(4, "big"))
@@ -174,13 +174,11 @@ class FrameTargetProtocol(asyncio.Protocol):
     def _answer(self, stream: int, out: bytearray) -> None:
         # an empty message is its 5-byte gRPC prefix alone
         template = self._ok if self._bodies.pop(stream, 0) > _GRPC_PREFIX else self._refused
-        if self._waiting or template.size > self._send_window:
-            self._waiting.append((template, stream))
-            return
-        self._send_window -= template.size
-        out += template.render(stream)
+        self._waiting.append((template, stream))
+        self._flush(out)
 
     def _flush(self, out: bytearray) -> None:
+        """Render the answers in order while the client's connection window takes them."""
         waiting = self._waiting
         while waiting and waiting[0][0].size <= self._send_window:
             template, stream = waiting.popleft()
