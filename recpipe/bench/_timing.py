@@ -63,10 +63,11 @@ def measure_interleaved(
 def table(timings: Sequence[Timing], baseline: str) -> str:
     """p50/p99 per form, throughput, and the p50 ratio of ``baseline`` over each."""
     base = next(t for t in timings if t.name == baseline)
-    lines = [f"{'form':<34} {'p50 ms':>9} {'p99 ms':>9} {'rows/s':>12} {'speed-up p50':>13}"]
+    w = max(34, *(len(t.name) for t in timings))
+    lines = [f"{'form':<{w}} {'p50 ms':>9} {'p99 ms':>9} {'rows/s':>12} {'speed-up p50':>13}"]
     for t in timings:
         lines.append(
-            f"{t.name:<34} {t.pct_ms(50):>9.3f} {t.pct_ms(99):>9.3f} {t.throughput:>12,.0f} "
+            f"{t.name:<{w}} {t.pct_ms(50):>9.3f} {t.pct_ms(99):>9.3f} {t.throughput:>12,.0f} "
             f"{base.pct_ms(50) / t.pct_ms(50):>12.1f}x"
         )
     return "\n".join(lines)

@@ -14,9 +14,11 @@ On the CPU, the served forward in each precision this CPU runs (``--ranking-prec
 compiled, int8), with the held-out AUC ``recpipe train`` measured for each on the same model and its
 delta to fp32, each form's check against the bound at load (``recpipe.ranking.probe``) and the form
 ``auto`` would pick; and ``served, full item Gram``, the fp32 form over the full (ni, ni) item x item
-Gram matrix (the compiled and CUDA forms' layout) instead of its upper triangle. The fp32 forms are
-checked to give the same scores before timing; the lower precisions are reported against the bound,
-never asserted (a form that breaks it is what ``auto`` skips).
+Gram matrix (the CUDA forms' layout) instead of its upper triangle, and the same beside the compiled
+segmented form (``served bf16 (torch.compile), full item Gram``, also in the ``--requests`` table). The
+fp32 forms are checked to give the same scores before timing, each full-Gram twin of a compiled form
+its own form's up to bf16 rounding; the lower precisions are reported against the bound, never asserted
+(a form that breaks it is what ``auto`` skips).
 ``--requests N`` adds N requests as one batch (what a batched hop hands the stage) against the same N
 one by one in each form: the time per request, and how far a score moved between the two.
 ``--idle-ms MS`` also times the served forward in each precision after MS of sleep before every call,
@@ -127,6 +129,9 @@ def run(args: argparse.Namespace) -> int:
     ]
     low_forms: list[str] = []
     low_cores: dict[str, Any] = {}
+    #: the compiled forms over the full item x item Gram matrix, and each one's served form by name
+    full_gram: dict[str, Any] = {}
+    twins: dict[str, str] = {}
     if not cuda:  # the served forward in every precision this CPU runs, side by side
         from recpipe.ranking import precision as precisions
 
@@ -136,6 +141,11 @@ def run(args: argparse.Namespace) -> int:
                 forms.append((f"served {core.details['precision']}", _served_by(core, requests)))
                 low_forms.append(forms[-1][0])
                 low_cores[form] = core
+                if core.predictor.segmented:  # its item x item triangle against the full Gram matrix
+                    full_gram[f"{form}, full item Gram"] = _full_gram_twin(core)
+                    forms.append((f"served {core.details['precision']}, full item Gram",
+                                  _served_by(full_gram[f"{form}, full item Gram"], requests)))
+                    twins[forms[-1][0]] = low_forms[-1]
     if ranking.predictor.gram_pairs:  # the eager CPU forward against the full item x item Gram matrix
         full = RankingCore.load(args.models, device=args.device)
         full.predictor.gram_pairs = False
@@ -152,6 +162,8 @@ def run(args: argparse.Namespace) -> int:
         for name, fn in forms[2:]:
             if name in low_forms:  # bf16 / int8: held to the bound, checked at load and reported below
                 low_dp[name] = max(low_dp[name], float(np.max(np.abs(fn(i) - plain(model, i)))))
+            elif name in twins:  # the other layout of a compiled form: the same scores up to its rounding
+                np.testing.assert_allclose(fn(i), dict(forms)[twins[name]](i), atol=2e-2)
             else:
                 np.testing.assert_allclose(fn(i), plain(model, i), rtol=1e-4, atol=1e-5)
     print(f"ranking bench: {ranking.device}, torch threads {torch.get_num_threads()}, batch {k}, "
@@ -165,8 +177,8 @@ def run(args: argparse.Namespace) -> int:
     if not cuda:
         _precision_table(args.models, timings, low_forms, ranking, low_cores, low_dp)
     if args.requests > 1:
-        _batch_table({ranking.details["precision"]: ranking, **{c.details["precision"]: c for c in low_cores.values()}},
-                     requests, args)
+        _batch_table({ranking.details["precision"]: ranking, **{c.details["precision"]: c for c in low_cores.values()},
+                      **full_gram}, requests, args)
     if args.idle_ms:
         served_forms = [("fp32", served)] + [(name.removeprefix("served "), fn) for name, fn in forms
                                              if name in low_forms]
@@ -217,10 +229,10 @@ def _batch_table(cores: dict[str, Any], requests: list[Any], args: argparse.Name
     form, alternating: the time per request and the ratio; the scores must be the same."""
     n = args.requests
     print(f"\n{n} requests x {args.batch} candidates: one batch against one by one (ms per request, p50)")
-    print(f"{'form':<22} {'one by one':>11} {'one batch':>10} {'batch/one':>10} {'max |dp|':>9}  forward")
+    print(f"{'form':<26} {'one by one':>11} {'one batch':>10} {'batch/one':>10} {'max |dp|':>9}  forward")
     for name, core in cores.items():
         one, batch, dp = _one_and_batch(core, requests, n, args.calls, args.warmup)
-        print(f"{name:<22} {one / n:>11.3f} {batch / n:>10.3f} {batch / one:>9.2f}x {dp:>9.2g}  "
+        print(f"{name:<26} {one / n:>11.3f} {batch / n:>10.3f} {batch / one:>9.2f}x {dp:>9.2g}  "
               f"{core.details['batch_forward']}")
     print("max |dp|: the largest change of a score between a request alone and in the batch (0: the same)")
 
@@ -258,6 +270,19 @@ def _idle_table(forms: list[tuple[str, Callable[[int], Any]]], args: argparse.Na
                                          block=BLOCK, sleep_s=(0.0, args.idle_ms / 1000))
         print(f"{name:<22} {warm.pct_ms(50):>13.3f} / {warm.pct_ms(99):<8.3f} {idle.pct_ms(50):>11.3f} / "
               f"{idle.pct_ms(99):<8.3f} {idle.pct_ms(50) / warm.pct_ms(50):>13.2f}x")
+
+
+def _full_gram_twin(core: Any) -> Any:
+    """A copy of ``core`` whose compiled forward takes the full item x item Gram matrix instead of its
+    upper triangle (``Predictor(full_gram=True)``), compiled and warmed for the same buckets."""
+    from recpipe.ranking.predictor import Predictor
+
+    p = core.predictor
+    twin = copy.copy(core)
+    twin.predictor = Predictor(p.model, p.device, p.graphs, p.precision, full_gram=True)
+    twin.predictor.set_user_tables(p.num_user_tables)
+    twin.predictor.warm_buckets(core.max_users)
+    return twin
 
 
 def _served_by(core: Any, requests: list[Any]) -> Callable[[int], Any]:

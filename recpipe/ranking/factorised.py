@@ -84,10 +84,12 @@ class _UserSplit(nn.Module):
     vector, user x user dots] (once per user), the item vector's and the item x user dots' columns
     folded with each user's vectors (``_folded``: once per user, then one matmul per candidate), and
     the item x item dots: ``item_item_first`` over the full (ni, ni) Gram matrix (weights on its upper
-    triangle, zeros elsewhere: what the compiled and CUDA forms run, where the extra multiply-adds cost
-    less than a column gather) or, with ``gram_pairs`` (the eager CPU forms: fp32, int8),
-    ``item_pair_first`` over the upper triangle's ni(ni-1)/2 dots alone (a gather and half the
-    multiply-adds: 0.46 against 0.68 ms for this block at 500 candidates in fp32 on a 2-core AVX2 EPYC).
+    triangle, zeros elsewhere: what the CUDA forms and their padded CPU twin run) or, with ``gram_pairs``
+    (the CPU forms: eager fp32 and int8, and the compiled segmented bf16), ``item_pair_first`` over the
+    upper triangle's ni(ni-1)/2 dots alone (a gather and half the multiply-adds: 0.46 against 0.68 ms for
+    this block at 500 candidates in fp32 on a 2-core AVX2 EPYC; the whole compiled bf16 forward of 8 x 500
+    4-6% less per request on a 2-core AVX512-BF16 EPYC, a lone request the same within noise: ``recpipe
+    bench ranking --requests 8``).
     Where items gather their users' vectors (static shapes for CUDA graphs, several users per forward) the
     fold cannot apply, and ``item_vec_first`` and ``item_user_first`` take every item x user dot. The
     folded weights are computed per call, so the int8 form quantizes every ``nn.Linear`` but not them.

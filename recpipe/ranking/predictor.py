@@ -76,10 +76,12 @@ class Predictor:
     form (bf16 on the CPU) runs padded whatever ``graphs`` says: it serves the buckets it was warmed for."""
 
     def __init__(self, model: DLRM, device: torch.device, graphs: str = "eager", precision: str = "fp32",
-                 compile: bool = True) -> None:
+                 compile: bool = True, full_gram: bool = False) -> None:
         """``precision``: the form the factorised forward runs in (``recpipe.ranking.precision.FORMS``);
         ``predict`` and the unfactorised path stay fp32. ``compile`` False keeps bf16 eager (the same
-        numbers up to rounding, without the compilation: what ``recpipe train`` measures AUC with)."""
+        numbers up to rounding, without the compilation: what ``recpipe train`` measures AUC with).
+        ``full_gram``: the item x item part over the full Gram matrix even where the CPU takes the
+        triangle (``gram_pairs``): what ``recpipe bench ranking`` times the compiled form against."""
         if precision not in precisions.FORMS:
             raise ValueError(f"precision must be one of {precisions.FORMS}, got {precision!r}")
         self.model = model.to(device).eval()
@@ -89,6 +91,7 @@ class Predictor:
         #: whether the forward runs compiled (``torch.compile``: the bf16 form, where it compiles)
         self.compiled = False
         self._compile = compile
+        self._full_gram = full_gram
         self.io = DeviceIO(device)
         self.num_user_tables = 0
         self._split: nn.Module | None = None
@@ -135,11 +138,14 @@ class Predictor:
     def _build(self, split: nn.Module, compiled: bool) -> None:
         mode = "padded" if compiled and self.graphs == "eager" else self.graphs
         split.gather_segments = mode != "eager" or self.device.type != "cpu"  # type: ignore[assignment]
-        if hasattr(split, "gram_pairs"):  # the dot interaction's: the triangle where the CPU runs unpadded
-            # (compiled forms run padded; the padded CPU twin of CUDA graphs keeps CUDA's layout)
-            split.gram_pairs = mode == "eager" and self.device.type == "cpu"  # type: ignore[assignment]
+        segmented = compiled and self.device.type == "cpu" and supports_segments(split)
+        if hasattr(split, "gram_pairs"):  # the dot interaction's: the triangle where the CPU runs unpadded or
+            # segmented (segmented bf16 at 8 x 500: 4-6% less per request than the full matrix; a lone request
+            # the same within noise); the padded CPU twin of CUDA graphs keeps CUDA's layout
+            on_cpu = (mode == "eager" and self.device.type == "cpu") or segmented
+            split.gram_pairs = on_cpu and not self._full_gram  # type: ignore[assignment]
         self._segmented = None
-        if compiled and self.device.type == "cpu" and supports_segments(split):
+        if segmented:
             low = precisions.convert(split, self.precision, compile=False).eval()
             self._split = low
             self._runner = GraphRunner(_probabilities(low), self.device, mode)  # what GetInfo and warming read
@@ -251,7 +257,7 @@ class Predictor:
     @property
     def gram_pairs(self) -> bool:
         """Whether the forward takes the item x item dots' upper triangle alone (``factorised._UserSplit.gram_pairs``:
-        the eager CPU forms) rather than the full Gram matrix."""
+        the eager CPU forms and the compiled segmented one) rather than the full Gram matrix."""
         return bool(getattr(self._split, "gram_pairs", False))
 
     @gram_pairs.setter

@@ -95,3 +95,5 @@ def test_bench_runs(name: str, device: str, small_models: Path, small_dataset: P
             assert "served, tables in host memory" in out and "served, no CUDA graphs" in out
         else:  # the eager fp32 forward's item x item triangle beside the full Gram matrix (same scores, asserted)
             assert "served, full item Gram" in out
+            if "served bf16 (torch.compile)" in out:  # and the compiled segmented form's, in both tables
+                assert "served bf16 (torch.compile), full item Gram" in out and "\nbf16, full item Gram " in out
