@@ -22,7 +22,7 @@ from recpipe.cli import main
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
 PAGE = ROOT / "BENCHMARKS.md"
-PAGES = (ROOT / "README.md", PAGE, *sorted((ROOT / "docs").glob("*.md")))
+PAGES = (ROOT / "README.md", PAGE, *sorted((ROOT / "docs").glob("*.md")), *sorted(BENCH.glob("*.md")))
 
 
 def _tables() -> ModuleType:
