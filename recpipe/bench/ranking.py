@@ -142,14 +142,11 @@ def run(args: argparse.Namespace) -> int:
                 low_forms.append(forms[-1][0])
                 low_cores[form] = core
                 if core.predictor.segmented:  # its item x item triangle against the full Gram matrix
-                    full_gram[f"{form}, full item Gram"] = _full_gram_twin(core)
-                    forms.append((f"served {core.details['precision']}, full item Gram",
-                                  _served_by(full_gram[f"{form}, full item Gram"], requests)))
+                    twin = full_gram[f"{form}, full item Gram"] = _full_gram_twin(core)
+                    forms.append((f"served {core.details['precision']}, full item Gram", _served_by(twin, requests)))
                     twins[forms[-1][0]] = low_forms[-1]
     if ranking.predictor.gram_pairs:  # the eager CPU forward against the full item x item Gram matrix
-        full = RankingCore.load(args.models, device=args.device)
-        full.predictor.gram_pairs = False
-        forms.append(("served, full item Gram", _served_by(full, requests)))
+        forms.append(("served, full item Gram", _served_by(_full_gram_twin(ranking), requests)))
     if cuda:  # the placements and graphs side by side (each core keeps its own copy of the weights)
         for name, core in (("served, no CUDA graphs", RankingCore.load(args.models, device=args.device,
                                                                       cuda_graphs=False)),
@@ -273,8 +270,9 @@ def _idle_table(forms: list[tuple[str, Callable[[int], Any]]], args: argparse.Na
 
 
 def _full_gram_twin(core: Any) -> Any:
-    """A copy of ``core`` whose compiled forward takes the full item x item Gram matrix instead of its
-    upper triangle (``Predictor(full_gram=True)``), compiled and warmed for the same buckets."""
+    """A copy of ``core`` whose forward takes the full item x item Gram matrix instead of its upper
+    triangle (``Predictor(full_gram=True)``, over the same weights), compiled where ``core``'s form is and
+    warmed for the same buckets."""
     from recpipe.ranking.predictor import Predictor
 
     p = core.predictor

@@ -260,13 +260,6 @@ class Predictor:
         the eager CPU forms and the compiled segmented one) rather than the full Gram matrix."""
         return bool(getattr(self._split, "gram_pairs", False))
 
-    @gram_pairs.setter
-    def gram_pairs(self, on: bool) -> None:
-        """Set it on an eager forward (``recpipe bench ranking`` times both layouts; the same scores)."""
-        if self.compiled or not hasattr(self._split, "gram_pairs"):
-            raise ValueError("only the eager forward of the dot interaction has the item x item layouts")
-        self._split.gram_pairs = on  # type: ignore[union-attr]
-
     @property
     def segmented(self) -> bool:
         """Whether a batch runs in the segmented form (``recpipe.ranking.segmented``): the compiled CPU

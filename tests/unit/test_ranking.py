@@ -155,7 +155,7 @@ def test_both_ways_items_meet_their_users_give_the_same_scores(cores) -> None:
 
 
 def test_both_item_gram_layouts_give_the_same_scores(cores) -> None:
-    # The eager CPU forward takes the item x item dots' upper triangle; the compiled and CUDA forms the
+    # The CPU forwards take the item x item dots' upper triangle; the CUDA forms (and a Predictor with full_gram) the
     # full Gram matrix with zero weights below it: the same scores, for one user and for a batch
     features, ranking = cores
     predictor = ranking.predictor
@@ -165,20 +165,17 @@ def test_both_item_gram_layouts_give_the_same_scores(cores) -> None:
     users = [features.augment_user(u) for u in range(len(counts))]
     items = [features.augment_items(u, rng.choice(features.num_items, k, replace=False)) for u, k in enumerate(counts)]
 
-    def scores() -> list[np.ndarray]:
-        batch = predictor.score_batch(np.stack([u.dense for u in users]), np.stack([u.sparse for u in users]),
-                                      np.concatenate([i.dense for i in items]),
-                                      np.concatenate([i.sparse for i in items]), counts)
-        alone = predictor.score_batch(users[0].dense[None], users[0].sparse[None], items[0].dense, items[0].sparse,
-                                      counts[:1])
+    twin = Predictor(predictor.model, predictor.device, full_gram=True)  # the same weights
+    twin.set_user_tables(predictor.num_user_tables)
+    assert twin.gram_pairs is False
+
+    def scores(p: Predictor) -> list[np.ndarray]:
+        batch = p.score_batch(np.stack([u.dense for u in users]), np.stack([u.sparse for u in users]),
+                              np.concatenate([i.dense for i in items]), np.concatenate([i.sparse for i in items]), counts)
+        alone = p.score_batch(users[0].dense[None], users[0].sparse[None], items[0].dense, items[0].sparse, counts[:1])
         return [batch, alone]
 
-    pairs = scores()
-    predictor.gram_pairs = False
-    try:
-        full = scores()
-    finally:
-        predictor.gram_pairs = True
+    pairs, full = scores(predictor), scores(twin)
     for a, b in zip(pairs, full, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     # the triangle's block holds every nonzero weight of the full layout's
