@@ -35,5 +35,17 @@ DEFAULT_NUM_CANDIDATES: Final[int] = 500
 DEFAULT_NUM_RESULTS: Final[int] = 10
 MAX_NUM_CANDIDATES: Final[int] = 10_000
 
+#: A batch or stream message's entries at most (``<Method>Batch``, ``<Method>Stream``): a stage refuses a
+#: message with more whole, with INVALID_ARGUMENT, before any per-entry work (90,000 cheap entries held
+#: a stage's event loop past its supervisor's patience); the gateway's ``--hop-max-batch`` is at most this.
+MAX_BATCH_ENTRIES: Final[int] = 256
+#: A batch or stream message's rows at most, summed over its entries (a Rank entry's candidates, an
+#: AugmentItems entry's item ids, 1 for AugmentUser and Retrieve, whose answers are 12 bytes a
+#: candidate): a stage refuses a message with more, and the gateway cuts its batches there. It keeps the
+#: largest messages (Rank's requests and AugmentItems' answers, 192 bytes a row) under a third of the
+#: 64 MiB limit: at ``--hop-max-batch 64`` and the contract's 10,000 candidates a query, a Rank message
+#: would be 123 MB (at the default 32, 61 MB: 92% of the limit).
+MAX_BATCH_ROWS: Final[int] = 100_000
+
 DEFAULT_DATA_DIR: Final[str] = "data"
 DEFAULT_MODELS_DIR: Final[str] = "models"

@@ -70,10 +70,12 @@ class _StageClient:
         ``replica_channels``, is what its hops send on and the gateway's readiness checks ask)."""
         return self._channel
 
-    def _hop(self, stub_class: Callable[[aio.Channel], Any], method: str, batch_request: Callable[..., Any]) -> Hop[Any, Any]:
+    def _hop(self, stub_class: Callable[[aio.Channel], Any], method: str, batch_request: Callable[..., Any],
+             rows: Callable[[Any], int] | None = None) -> Hop[Any, Any]:
         """The calls of ``method`` through a ``Hop``: one ``<method>Batch`` RPC (entries in
         ``batch_request``) for the calls in flight, ``method`` for a call alone, on each replica; with
-        ``HopConfig.stream``, each batch (a lone call too) as one message of ``<method>Stream``."""
+        ``HopConfig.stream``, each batch (a lone call too) as one message of ``<method>Stream``.
+        ``rows(request)``: the call's rows in a batch message (``recpipe.config.MAX_BATCH_ROWS``)."""
         several = len(self.replica_channels) > 1
         # a ``dns:`` name keeps one RPC per call, so round_robin spreads every call over the addresses it
         # resolves to (a stream would pin its calls to one of them); the addresses ``serve --replicas``
@@ -84,7 +86,7 @@ class _StageClient:
         # while no replica's own channel is connected (at start, or after a restart), the balanced
         # channel carries the calls
         fallback = self._route(stub_class(self._channel), method, batch_request, None) if several else None
-        hop: Hop[Any, Any] = Hop(f"{self.stage}.{method}", routes, self._hop_config, fallback, self._replica_busy)
+        hop: Hop[Any, Any] = Hop(f"{self.stage}.{method}", routes, self._hop_config, fallback, self._replica_busy, rows)
         self.hops[method] = hop
         return hop
 
@@ -165,7 +167,7 @@ class GrpcFeatureClient(_StageClient):
         super().__init__("features", target, channel, hops)
         stub = features_pb2_grpc.FeatureServiceStub
         self._user = self._hop(stub, "AugmentUser", features_pb2.AugmentUserBatchRequest)
-        self._items = self._hop(stub, "AugmentItems", features_pb2.AugmentItemsBatchRequest)
+        self._items = self._hop(stub, "AugmentItems", features_pb2.AugmentItemsBatchRequest, _rows("item_ids"))
 
     async def augment_user(self, user_id: int, timeout: float | None) -> StageResult[features_pb2.AugmentUserResponse]:
         r = await self._user(features_pb2.AugmentUserRequest(user_id=user_id), timeout)
@@ -194,7 +196,8 @@ class GrpcRetrievalClient(_StageClient):
 class GrpcRankingClient(_StageClient):
     def __init__(self, target: str, channel: aio.Channel | None = None, hops: HopConfig | None = None) -> None:
         super().__init__("ranking", target, channel, hops)
-        self._rank = self._hop(ranking_pb2_grpc.RankingServiceStub, "Rank", ranking_pb2.RankBatchRequest)
+        self._rank = self._hop(ranking_pb2_grpc.RankingServiceStub, "Rank", ranking_pb2.RankBatchRequest,
+                               _rows("item_dense"))
 
     async def rank(
         self, user: features_pb2.AugmentUserResponse, items: features_pb2.AugmentItemsResponse, timeout: float | None
@@ -205,6 +208,16 @@ class GrpcRankingClient(_StageClient):
         r = await self._rank(request, timeout)
         k = items.dense.shape[0] if items.dense.shape else None
         return _result(_decode(r.scores, "ranking", "scores", "float32", (k,)), r, r.model_version)
+
+
+def _rows(field: str) -> Callable[[Any], int]:
+    """A hop's ``rows``: the first dimension of the request's tensor ``field`` (its candidates or ids)."""
+
+    def rows(request: Any) -> int:
+        shape = getattr(request, field).shape
+        return int(shape[0]) if shape else 1
+
+    return rows
 
 
 def _connected(channel: aio.Channel) -> bool:

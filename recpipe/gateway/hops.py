@@ -6,8 +6,9 @@ many (on an H200 box 1.3-2.6 ms per query per process, nearly all gRPC and async
 gateway, which holds every query in flight, is the natural batcher. A ``Hop`` is the client-side twin
 of the stages' dynamic batcher (``recpipe.serving.batcher``), with the same knobs:
 
-- ``call(request, timeout)`` queues a call; a worker takes up to ``max_batch`` queued calls at a time
-  (waiting at most ``max_queue_delay_us`` after the first for others; 0, the default, takes what is
+- ``call(request, timeout)`` queues a call; a worker takes up to ``max_batch`` queued calls at a time,
+  and no more rows than a stage takes in one message (``recpipe.config.MAX_BATCH_ROWS``: candidates,
+  item ids or k summed over the calls, as the hop's ``rows`` counts them) (waiting at most ``max_queue_delay_us`` after the first for others; 0, the default, takes what is
   queued, so a lone query never waits) and sends them as one batch call, each entry with its own time
   left (``timeout_us``); a batch of one goes as the plain unary call;
 - a query alone in the gateway (``alone``, set by the gateway: ``Chain.alone``) that finds the hop idle
@@ -50,6 +51,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from recpipe.config import MAX_BATCH_ROWS
 from recpipe.errors import DeadlineExceeded, RecpipeError, StageUnavailable
 from recpipe.serving.batcher import gather, wait_while
 
@@ -100,7 +102,8 @@ class Hop(Generic[Req, Res]):
     and ``fallback``; a route's ``unary`` and ``batch`` raise or return domain errors, never gRPC ones."""
 
     def __init__(self, name: str, routes: Sequence[Route], config: HopConfig, fallback: Route | None = None,
-                 busy: list[int] | None = None) -> None:
+                 busy: list[int] | None = None, rows: Callable[[Req], int] | None = None) -> None:
+        """``rows(request)``: what a call adds to a batch message's rows (``MAX_BATCH_ROWS``; None: 1)."""
         if not routes:
             raise ValueError(f"{name}: a hop needs at least one route")
         if busy is not None and len(busy) != len(routes):
@@ -109,6 +112,7 @@ class Hop(Generic[Req, Res]):
         self.routes = list(routes)
         self.fallback = fallback
         self.config = config
+        self._rows: Callable[[Req], int] = rows or (lambda request: 1)
         self.max_in_flight = config.max_in_flight or len(self.routes)
         #: batch calls out at once on one route
         self.per_route = math.ceil(self.max_in_flight / len(self.routes))
@@ -255,17 +259,25 @@ class Hop(Generic[Req, Res]):
         return _FALLBACK if self.fallback is not None else first_with_room
 
     def _take(self, n: int) -> list[_Call]:
-        """Up to ``n`` live calls from the head of the queue; expired ones are answered and dropped."""
+        """Up to ``n`` live calls from the head of the queue, of ``MAX_BATCH_ROWS`` rows at most together
+        (the first one whatever its rows: a call alone is within the contract's); expired ones are
+        answered and dropped."""
         batch: list[_Call] = []
         now = time.monotonic()
+        rows = 0
         while self._queue and len(batch) < n:
-            call = self._queue.popleft()
+            call = self._queue[0]
             if call.future.done():
+                self._queue.popleft()
                 continue
             if call.deadline is not None and call.deadline <= now:
+                self._queue.popleft()
                 call.future.set_exception(DeadlineExceeded(f"deadline exceeded before {self.name} (queued in the gateway)"))
                 continue
-            batch.append(call)
+            rows += self._rows(call.request)
+            if batch and rows > MAX_BATCH_ROWS:
+                break  # the next batch's first call
+            batch.append(self._queue.popleft())
         return batch
 
     async def _send(self, batch: list[_Call], index: int) -> None:

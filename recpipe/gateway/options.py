@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from recpipe.config import MAX_BATCH_ENTRIES
 from recpipe.errors import UsageError
 from recpipe.gateway.hops import HopConfig
 from recpipe.serving.options import StageOptions, option
@@ -29,7 +30,7 @@ class GatewayOptions(StageOptions):
     max_in_flight: int = option(DEFAULT_MAX_IN_FLIGHT, help=f"gateway: Recommend calls in progress at most; more are "
                                                             f"refused with RESOURCE_EXHAUSTED (default {DEFAULT_MAX_IN_FLIGHT})")
     hop_max_batch: int = option(DEFAULT_HOP_MAX_BATCH, help="gateway: stage calls of the queries in flight sent as one batch "
-                                                            f"call, at most (1 = every call alone; default {DEFAULT_HOP_MAX_BATCH})")
+                                                            f"call, at most (1 = every call alone, at most {MAX_BATCH_ENTRIES}; default {DEFAULT_HOP_MAX_BATCH})")
     hop_queue_delay_us: int = option(0, help="gateway: how long a stage call may wait for others to batch with, in µs "
                                              "(0 = send what is queued, so a lone query never waits; default 0)")
     hop_upstream_wait_us: int | str = option("auto", metavar="US|auto",
@@ -49,8 +50,9 @@ class GatewayOptions(StageOptions):
     def __post_init__(self) -> None:
         if self.max_in_flight < 1:
             raise UsageError(f"--max-in-flight must be >= 1, got {self.max_in_flight}")
-        if self.hop_max_batch < 1:
-            raise UsageError(f"--hop-max-batch must be >= 1, got {self.hop_max_batch}")
+        if not 1 <= self.hop_max_batch <= MAX_BATCH_ENTRIES:
+            raise UsageError(f"--hop-max-batch must be 1..{MAX_BATCH_ENTRIES} (a stage's batch message holds at "
+                             f"most {MAX_BATCH_ENTRIES} entries), got {self.hop_max_batch}")
         wait = self.hop_upstream_wait_us
         if isinstance(wait, str) and wait != "auto":
             if not wait.isdigit():

@@ -185,13 +185,15 @@ class Batcher(Generic[Q, R]):
         """Queue ``queries`` as one group (a batch call's entries) and wait for every answer: each its
         answer or its own error (admission per query, as ``submit``). The worker never splits a group
         across core calls, whatever ``max_batch``: its entries come back in one response anyway, so one
-        core call makes none of them wait longer, and saves a core call per entry."""
+        core call makes none of them wait longer, and saves a core call per entry. Each entry is admitted
+        behind the group's entries admitted before it, as if they had come alone one after another: they
+        count against ``max_queue`` and in the time it expects."""
         self._group += 1
         out: list[Batched[R] | Exception | None] = []  # every slot filled below: its refusal or its answer
         admitted: list[tuple[int, Q, float | None, int]] = []
         for query, deadline in zip(queries, deadlines, strict=True):
             try:
-                self._admit(deadline)
+                self._admit(deadline, len(admitted))
             except RecpipeError as e:
                 out.append(e)
                 continue
@@ -216,17 +218,18 @@ class Batcher(Generic[Q, R]):
                 out[i] = answer
         return cast("list[Batched[R] | Exception]", out)
 
-    def _admit(self, deadline: float | None) -> None:
-        """Refuse a request at once (see the module doc: closed, queue full, deadline not coverable)."""
+    def _admit(self, deadline: float | None, group: int = 0) -> None:
+        """Refuse a request at once (see the module doc: closed, queue full, deadline not coverable);
+        ``group``: the requests of its own batch call admitted before it, not queued yet."""
         if self._closed:
             raise StageUnavailable(f"{self.stage}: shutting down")
-        if len(self._queue) >= self.config.max_queue:
+        if len(self._queue) + group >= self.config.max_queue:
             raise Overloaded(f"{self.stage}: queue full ({self.config.max_queue} requests waiting)")
         if deadline is not None:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise DeadlineExceeded(f"{self.stage}: deadline passed before the request was queued")
-            ahead = len(self._queue) + len(self._running)
+            ahead = len(self._queue) + len(self._running) + group
             expected = (ahead + 1) * self.request_s
             if left < expected and not ahead:
                 # an idle stage could not make it either: the deadline is too short, not the stage too busy
@@ -234,7 +237,7 @@ class Batcher(Generic[Q, R]):
                                        f"stage's recent service time {expected * 1e3:.2f} ms")
             if left < expected:
                 raise Overloaded(f"{self.stage}: {left * 1e3:.1f} ms left of the deadline, less than the "
-                                 f"{expected * 1e3:.1f} ms the {len(self._queue)} queued and "
+                                 f"{expected * 1e3:.1f} ms the {len(self._queue) + group} queued and "
                                  f"{len(self._running)} running requests need at the recent service time")
 
     def _enqueue(self, query: Q, deadline: float | None, rows: int, group: int = 0) -> _Pending[Q, R]:

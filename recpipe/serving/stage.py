@@ -15,7 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from recpipe.errors import DeadlineExceeded, RecpipeError, StageUnavailable, clip
+from recpipe.config import MAX_BATCH_ENTRIES, MAX_BATCH_ROWS
+from recpipe.errors import BadRequest, DeadlineExceeded, RecpipeError, StageUnavailable, clip
 from recpipe.serving import codec, nvtx
 from recpipe.serving import threads as thread_settings
 from recpipe.serving.batcher import BatchConfig, Batched, Batcher
@@ -199,8 +200,10 @@ overlap; a batcher makes one call at a time.
         """A batch call: ``request.entries`` each run through the template as if it had come alone (its
         own deadline from ``request.timeout_us``, else the call's), all at once, so the batcher queues
         them together; -> one ``entry(ok=response)`` or ``entry(error=EntryError)`` per entry, in order.
-        A bad entry fails itself only."""
+        A bad entry fails itself only; a message over the batch limits (``check_batch``) fails whole,
+        INVALID_ARGUMENT, before any entry's work."""
         start = time.perf_counter_ns()
+        check_batch(len(request.entries), 0, self.name)
         return await self._batch(method, request, check_deadline(context, self.name), entry, start, "Batch")
 
     async def handle_stream(self, method: Method[C, Q, R], requests: AsyncIterator[Any], context: aio.ServicerContext,
@@ -210,7 +213,10 @@ overlap; a batcher makes one call at a time.
         ``response(entries=..., sequence=...)`` message with the request's ``sequence``; the messages
         are handled side by side, as separate batch calls would be. An error of a whole message (the
         stage still loading) is each of its entries' error. Ends when the caller ends its side and
-        every answer is written; a caller that goes away cancels what is left."""
+        every answer is written; a caller that goes away cancels what is left. A message with more
+        entries than ``MAX_BATCH_ENTRIES`` ends the stream with INVALID_ARGUMENT once the messages before
+        it are answered (answering each of its entries would be the very work the limit bounds); one over
+        ``MAX_BATCH_ROWS`` is each entry's error."""
         write = asyncio.Lock()
         handling: set[asyncio.Task[None]] = set()
 
@@ -228,6 +234,7 @@ overlap; a batcher makes one call at a time.
 
         async def read() -> None:
             async for request in requests:
+                check_batch(len(request.entries), 0, self.name)  # else the stream ends, below
                 task = asyncio.create_task(answer(request))
                 handling.add(task)
                 task.add_done_callback(handling.discard)
@@ -243,10 +250,18 @@ overlap; a batcher makes one call at a time.
             # until the caller ends its side, or the server stops (``drain``): then what was read is
             # answered and the stream ends with OK, so the caller opens a new one
             await asyncio.wait((reading, draining), return_when=asyncio.FIRST_COMPLETED)
+            refused: BadRequest | None = None
             if reading.done():
-                reading.result()  # the caller's side failed: so does the stream
+                try:
+                    reading.result()  # the caller's side failed: so does the stream
+                except BadRequest as e:  # a message over the limits: what came before it is answered first
+                    refused = e
             while handling:
                 await asyncio.gather(*handling)
+            if refused is not None:
+                if self.metrics is not None:
+                    self.metrics.error(self._rpc_name(method, "Stream"), code_for(refused).name)
+                await context.abort(code_for(refused), clip(str(refused), codec.MAX_ENTRY_DETAILS))
         finally:
             self._streams.discard(handler)
             for task in (reading, draining, *handling):
@@ -265,42 +280,62 @@ overlap; a batcher makes one call at a time.
     async def _batch(self, method: Method[C, Q, R], request: Any, deadline: float | None,
                      entry: Callable[..., Any], start: int, rpc: str) -> list[Any]:
         """``handle_batch``'s work, with the call's ``deadline`` (None: none) given; its entries' errors
-        are counted under ``<method><rpc>``."""
+        are counted under ``<method><rpc>``. Every entry is decoded first, so that a message over
+        ``MAX_BATCH_ROWS`` is refused before any compute; an entry whose deadline passes while its batch
+        computes is answered DEADLINE_EXCEEDED, as ``timeout_us`` promises, not with an answer its
+        caller has stopped waiting for."""
         core = self._ready()
         now = time.monotonic()
         timeouts = list(request.timeout_us)
-        deadlines = [now + timeouts[i] / 1e6 if i < len(timeouts) and timeouts[i] > 0 else deadline
-                     for i in range(len(request.entries))]
-        batcher = self._batchers.get(method.name)
-        answers: list[Any]
-        if batcher is None:  # unbatched: each entry as it would run alone
-            answers = list(await asyncio.gather(*(self._answer(method, core, r, d, start)
-                                                  for r, d in zip(request.entries, deadlines, strict=True)),
-                                                return_exceptions=True))
-        else:  # one group for the batcher: the entries' core work in one call
-            answers = [None] * len(deadlines)
-            queued: list[tuple[int, Any]] = []
-            for i, (r, d) in enumerate(zip(request.entries, deadlines, strict=True)):
+        answers: list[Any] = [None] * len(request.entries)
+        deadlines: list[float | None] = []
+        for i in range(len(answers)):
+            left = timeouts[i] if i < len(timeouts) else 0
+            if left < 0:
+                answers[i] = BadRequest(f"timeout_us must be >= 0 (0: the call's deadline), got {left}")
+            deadlines.append(now + left / 1e6 if left > 0 else deadline)
+        queued: list[tuple[int, Q]] = []
+        for i, (r, d) in enumerate(zip(request.entries, deadlines, strict=True)):
+            if answers[i] is None:
                 try:
                     queued.append((i, self._decoded(method, core, r, d)))
                 except Exception as e:
                     answers[i] = e
+        check_batch(len(answers), sum(method.rows(q) for _, q in queued) if method.rows is not None else len(queued),
+                    self.name)
+        batcher = self._batchers.get(method.name)
+        done: Sequence[Batched[R] | BaseException]
+        if batcher is None:  # unbatched: each entry as it would run alone
+            done = await asyncio.gather(*(self._computed(method, core, q, deadlines[i]) for i, q in queued),
+                                        return_exceptions=True)
+        else:  # one group for the batcher: the entries' core work in one call
             done = await batcher.submit_many([q for _, q in queued], [deadlines[i] for i, _ in queued])
-            for (i, _), result in zip(queued, done, strict=True):
+        now = time.monotonic()
+        for (i, _), result in zip(queued, done, strict=True):
+            d = deadlines[i]
+            if isinstance(result, BaseException):
+                answers[i] = result
+            elif d is not None and d <= now:
+                answers[i] = DeadlineExceeded(f"{self.name}: the entry's deadline passed while its batch computed")
+            else:
                 try:
-                    answers[i] = result if isinstance(result, Exception) else self._encoded(method, core, result, start)
+                    answers[i] = self._encoded(method, core, result, start)
                 except Exception as e:  # an answer the contract refuses (non-finite scores, ...): its entry only
                     answers[i] = e
         failed = [self._entry_error(method, a) if isinstance(a, BaseException) else None for a in answers]
         self._count_errors(method, rpc, [e for e in failed if e is not None])
         return [entry(ok=a) if e is None else entry(error=codec.entry_error(e)) for a, e in zip(answers, failed, strict=True)]
 
+    def _rpc_name(self, method: Method[C, Any, Any], rpc: str) -> str:
+        """The metrics' name of ``method``'s ``rpc`` ("Batch", "Stream"), e.g. ``RankingService/RankStream``."""
+        return f"{self.service_names[0].removeprefix('recpipe.v1.')}/{method.name}{rpc}"
+
     def _count_errors(self, method: Method[C, Any, Any], rpc: str, errors: Sequence[BaseException]) -> None:
         """Count the failed entries of a batch or stream message in the server's metrics, under the
         status each is answered with, as the interceptor counts a whole call's (``ServerMetrics.entry_failed``)."""
         if self.metrics is None or not errors:
             return
-        name = f"{self.service_names[0].removeprefix('recpipe.v1.')}/{method.name}{rpc}"
+        name = self._rpc_name(method, rpc)
         for error in errors:
             self.metrics.entry_failed(name, code_for(error).name, clip(str(error), codec.MAX_ENTRY_DETAILS))
 
@@ -318,17 +353,19 @@ overlap; a batcher makes one call at a time.
                       start: int) -> Any:
         """One request's steps after the deadline check: decode and check, compute, encode, timing."""
         query = self._decoded(method, core, request, deadline)
+        return self._encoded(method, core, await self._computed(method, core, query, deadline), start)
+
+    async def _computed(self, method: Method[C, Q, R], core: C, query: Q, deadline: float | None) -> Batched[R]:
+        """``query``'s answer: through the method's batcher, or a direct core call."""
         batcher = self._batchers.get(method.name)
         if batcher is not None:
-            done: Batched[R] = await batcher.submit(query, deadline)
-        else:
-            assert method.single is not None
-            computed = time.perf_counter_ns()
-            with nvtx.range(f"{method.step}.compute"):
-                rows = method.rows(query) if method.rows is not None else 1
-                value = await self._run(method.single(core), query, self._costs[method.name], rows)
-            done = Batched(value, 0, elapsed_us(computed), 1)
-        return self._encoded(method, core, done, start)
+            return await batcher.submit(query, deadline)
+        assert method.single is not None
+        computed = time.perf_counter_ns()
+        with nvtx.range(f"{method.step}.compute"):
+            rows = method.rows(query) if method.rows is not None else 1
+            value = await self._run(method.single(core), query, self._costs[method.name], rows)
+        return Batched(value, 0, elapsed_us(computed), 1)
 
     def _decoded(self, method: Method[C, Q, R], core: C, request: Any, deadline: float | None) -> Q:
         """The request decoded and checked into its query, unless its deadline has passed already."""
@@ -393,6 +430,16 @@ def check_deadline(context: aio.ServicerContext, stage: str) -> float | None:
     if remaining <= 0:
         raise DeadlineExceeded(f"{stage}: deadline passed before the stage started")
     return time.monotonic() + remaining
+
+
+def check_batch(entries: int, rows: int, stage: str) -> None:
+    """Refuse a batch or stream message over the limits every stage and the gateway agree on
+    (``recpipe.config.MAX_BATCH_ENTRIES`` entries, ``MAX_BATCH_ROWS`` rows) with ``BadRequest``."""
+    if entries > MAX_BATCH_ENTRIES:
+        raise BadRequest(f"{stage}: {entries} entries in one batch message, at most {MAX_BATCH_ENTRIES}")
+    if rows > MAX_BATCH_ROWS:
+        raise BadRequest(f"{stage}: {rows} rows in one batch message (candidates, ids or k summed over its "
+                         f"entries), at most {MAX_BATCH_ROWS}")
 
 
 def elapsed_us(start_ns: int) -> int:

@@ -123,6 +123,28 @@ def test_a_full_queue_is_refused_at_once_with_resource_exhausted() -> None:
     assert 3 not in [q for batch in core.batches for q in batch]  # no work done for the refused request
 
 
+def test_a_batch_calls_entries_count_against_the_queue_and_the_expected_wait_of_the_ones_after_them() -> None:
+    core = Core(delay_s=0.05)
+
+    async def go() -> None:
+        b = Batcher("features.AugmentItems", core, BatchConfig(max_batch=1, max_queue=4))
+        # a group of 6 on an empty queue: 4 fit the queue, the last 2 are refused, each alone
+        out = await b.submit_many(list(range(6)), [None] * 6)
+        assert [o.value for o in out[:4]] == [0, 2, 4, 6]  # type: ignore[union-attr]
+        assert all(isinstance(o, Overloaded) and "queue full" in str(o) for o in out[4:])
+        assert core.batches[-1] == [0, 1, 2, 3]  # the admitted ones as one core call, the refused ones never
+        # each entry waits behind the group's entries before it: with 2.5 service times left, the first
+        # two fit and the next are refused (RESOURCE_EXHAUSTED, not taken in and answered late)
+        service_s = b.request_s
+        deadline = time.monotonic() + 2.5 * service_s
+        out = await b.submit_many([10, 11, 12, 13], [deadline] * 4)
+        assert not isinstance(out[0], Exception) and not isinstance(out[1], Exception)
+        assert all(isinstance(o, Overloaded) for o in out[2:])
+        await b.close()
+
+    run(go())
+
+
 def test_a_deadline_shorter_than_the_expected_wait_is_refused() -> None:
     core = Core(delay_s=0.05)
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from recpipe.config import MAX_BATCH_ROWS
 from recpipe.errors import BadRequest, DeadlineExceeded, StageUnavailable
 from recpipe.gateway.hops import Hop, HopConfig, Route, replica_targets
 
@@ -91,6 +92,25 @@ def test_max_batch_and_calls_out_at_once_bound_the_batch_calls() -> None:
         stage.gate.set()
         await asyncio.gather(*calls)
         assert stage.sent[2] == ["e", "f"]
+
+    asyncio.run(go())
+
+
+def test_a_batch_call_carries_no_more_rows_than_a_stage_takes_in_one_message() -> None:
+    async def go() -> None:
+        stage = Stage()
+        hop = Hop("ranking.Rank", [Route(stage.unary, stage.batch)], HopConfig(), rows=lambda request: request[1])
+        stage.gate.clear()
+        first = asyncio.create_task(hop(("a", 10), None))  # out at the stage: the next ones queue
+        await asyncio.sleep(0.01)
+        # MAX_BATCH_ROWS is 100,000: 60k + 50k would be over it, so the second starts the next batch call
+        rest = [asyncio.create_task(hop(r, None)) for r in (("b", 60_000), ("c", 50_000), ("d", 30_000),
+                                                              ("e", 20_001))]
+        await asyncio.sleep(0.01)
+        stage.gate.set()
+        await asyncio.gather(first, *rest)
+        assert [[name for name, _ in batch] for batch in stage.sent] == [["a"], ["b"], ["c", "d"], ["e"]]
+        assert MAX_BATCH_ROWS == 100_000
 
     asyncio.run(go())
 

@@ -29,7 +29,9 @@ def test_options_validate_once_in_their_stage() -> None:
                         (lambda: RetrievalOptions(rescore=65), "--rescore"),
                         (lambda: RankingOptions(embeddings="disk"), "--embeddings"),
                         (lambda: RankingOptions(precision="fp16"), "--ranking-precision"),
-                        (lambda: GatewayOptions(max_in_flight=0), "--max-in-flight")):
+                        (lambda: GatewayOptions(max_in_flight=0), "--max-in-flight"),
+                        (lambda: GatewayOptions(hop_max_batch=0), r"--hop-max-batch must be 1\.\.256"),
+                        (lambda: GatewayOptions(hop_max_batch=257), r"--hop-max-batch must be 1\.\.256 \(a stage's")):
         with pytest.raises(UsageError, match=match):
             make()
 

@@ -1,0 +1,136 @@
+"""The limits of a batch or stream message on real gRPC servers over toy stage cores: a message over
+``MAX_BATCH_ENTRIES`` entries or ``MAX_BATCH_ROWS`` rows is refused before any work and the stage keeps
+serving (90,000 entries in one AugmentUserBatch held a stage's loop until its supervisor killed it), an
+entry whose deadline passes while its batch computes is answered DEADLINE_EXCEEDED (not OK, late), and a
+negative ``timeout_us`` fails its entry alone."""
+
+from __future__ import annotations
+
+import threading
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from toy_stages import ITEM_SPARSE, USER_SPARSE, ToyFeatureCore, ToyRankingCore, ToyWorld
+
+from recpipe.config import MAX_BATCH_ENTRIES, MAX_BATCH_ROWS, MAX_NUM_CANDIDATES
+from recpipe.features.servicer import FeatureStage
+from recpipe.ranking.servicer import RankingStage
+from recpipe.serving import codec
+from recpipe.serving.channels import make_blocking_channel
+from recpipe.serving.server import ServerThread
+from recpipe.v1 import features_pb2, features_pb2_grpc, ranking_pb2, ranking_pb2_grpc
+
+INVALID = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+DEADLINE = grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
+
+
+@pytest.fixture(scope="module")
+def servers():
+    with ServerThread() as st:
+        yield st
+
+
+@pytest.fixture(scope="module")
+def world():
+    return ToyWorld()
+
+
+@pytest.fixture(scope="module")
+def features(servers, world):
+    server = servers.start(FeatureStage(lambda: ToyFeatureCore(world)))
+    with make_blocking_channel(server.address) as channel:  # the chain's message limits (64 MiB)
+        yield features_pb2_grpc.FeatureServiceStub(channel), health_pb2_grpc.HealthStub(channel)
+    servers.stop(server)
+
+
+def _serving(health) -> bool:  # type: ignore[no-untyped-def]
+    reply = health.Check(health_pb2.HealthCheckRequest(), timeout=5)
+    return reply.status == health_pb2.HealthCheckResponse.SERVING  # type: ignore[no-any-return]
+
+
+def _users(n: int) -> features_pb2.AugmentUserBatchRequest:
+    return features_pb2.AugmentUserBatchRequest(entries=[features_pb2.AugmentUserRequest(user_id=i % 60)
+                                                         for i in range(n)])
+
+
+def _items(entries: int, ids: int) -> features_pb2.AugmentItemsBatchRequest:
+    item_ids = codec.encode(np.arange(ids, dtype=np.int64) % 400)
+    return features_pb2.AugmentItemsBatchRequest(
+        entries=[features_pb2.AugmentItemsRequest(user_id=1, item_ids=item_ids) for _ in range(entries)])
+
+
+def test_a_batch_message_over_the_entries_limit_is_refused_whole_and_the_stage_keeps_serving(features) -> None:
+    stub, health = features
+    reply = stub.AugmentUserBatch(_users(MAX_BATCH_ENTRIES), timeout=30)
+    assert len(reply.entries) == MAX_BATCH_ENTRIES and all(e.WhichOneof("result") == "ok" for e in reply.entries)
+    for n in (MAX_BATCH_ENTRIES + 1, 90_000):
+        with pytest.raises(grpc.RpcError) as info:
+            stub.AugmentUserBatch(_users(n), timeout=30)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert info.value.details() == f"features: {n} entries in one batch message, at most {MAX_BATCH_ENTRIES}"
+        assert _serving(health)
+    # on a stream, such a message ends the stream with the same status; a new stream is served
+    with pytest.raises(grpc.RpcError) as info:
+        list(stub.AugmentUserStream(iter([_users(3), _users(90_000)]), timeout=30))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    answers = list(stub.AugmentUserStream(iter([_users(3)]), timeout=30))
+    assert [e.ok.user_id for e in answers[0].entries] == [0, 1, 2]
+
+
+def test_a_batch_message_over_the_rows_limit_is_refused_before_any_work(features) -> None:
+    stub, health = features
+    per_entry = MAX_NUM_CANDIDATES
+    fits = MAX_BATCH_ROWS // per_entry
+    reply = stub.AugmentItemsBatch(_items(fits, per_entry), timeout=60)
+    assert all(e.ok.dense.shape[0] == per_entry for e in reply.entries)
+    with pytest.raises(grpc.RpcError) as info:
+        stub.AugmentItemsBatch(_items(fits + 1, per_entry), timeout=60)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"{(fits + 1) * per_entry} rows in one batch message" in (info.value.details() or "")
+    # on a stream: each entry's error, the stream goes on
+    request = _items(fits + 1, per_entry)
+    request.sequence = 7
+    over, ok = list(stub.AugmentItemsStream(iter([request, _items(2, 5)]), timeout=60))
+    assert over.sequence == 7 and {e.error.code for e in over.entries} == {INVALID}
+    assert [e.ok.dense.shape[0] for e in ok.entries] == [5, 5]
+    assert _serving(health)
+
+
+def _rank_request(k: int = 4) -> ranking_pb2.RankRequest:
+    return ranking_pb2.RankRequest(
+        user_dense=codec.encode(np.ones(8, np.float32)), user_sparse=codec.encode(np.zeros(USER_SPARSE, np.int64)),
+        item_dense=codec.encode(np.ones((k, 6), np.float32)), item_sparse=codec.encode(np.zeros((k, ITEM_SPARSE), np.int64)))
+
+
+def test_an_entry_whose_deadline_passes_while_its_batch_computes_is_answered_deadline_exceeded(servers, world) -> None:
+    core = ToyRankingCore(world)
+    core.delay_s = 0.4  # the batch's one core call
+    started = threading.Event()
+    rank_batch = core.rank_batch
+
+    def signalling(queries):  # type: ignore[no-untyped-def]
+        started.set()
+        return rank_batch(queries)
+
+    core.rank_batch = signalling  # type: ignore[method-assign]
+    server = servers.start(RankingStage(lambda: core))
+    try:
+        with grpc.insecure_channel(server.address) as channel:
+            stub = ranking_pb2_grpc.RankingServiceStub(channel)
+            # a fresh stage has no service time to refuse by: all four are admitted, into one core call
+            timeouts = [100_000, 0, 30_000_000, -5]
+            reply = stub.RankBatch(ranking_pb2.RankBatchRequest(entries=[_rank_request()] * 4, timeout_us=timeouts),
+                                   timeout=30)
+            assert started.is_set()
+            kinds = [e.WhichOneof("result") for e in reply.entries]
+            assert kinds == ["error", "ok", "ok", "error"]
+            assert reply.entries[0].error.code == DEADLINE
+            assert "deadline passed while its batch computed" in reply.entries[0].error.message
+            assert reply.entries[3].error.code == INVALID and "timeout_us must be >= 0" in reply.entries[3].error.message
+            assert reply.entries[1].ok.batch_size == 3  # the three live entries in one core call
+            core.delay_s = 0.0
+            assert stub.Rank(_rank_request(), timeout=10).scores.shape == [4]
+    finally:
+        servers.stop(server)
