@@ -17,8 +17,13 @@ import threading
 from collections.abc import Iterator, Sequence
 
 from recpipe import __version__, termination
-from recpipe.errors import RecpipeError, UsageError
+from recpipe.errors import ArtifactMismatch, BadRequest, RecpipeError, UnknownUser, UsageError
 from recpipe.termination import Terminated
+
+#: Errors that say the user's input cannot work (a request a stage refuses as sent, an unknown user, a
+#: directory that is not the model repository or dataset asked for): exit code 2, as a usage error.
+#: The others (a stage down or overloaded, a deadline) are failures of the run: exit code 1.
+BAD_INPUT = (BadRequest, UnknownUser, ArtifactMismatch)
 
 #: subcommand -> module under recpipe.commands
 COMMANDS: dict[str, str] = {
@@ -38,7 +43,9 @@ class _Parser(argparse.ArgumentParser):
     """argparse that raises instead of exiting, so ``main`` owns every exit code."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{self.prog}: {message}")
+        # "recpipe: error: querygen: argument --rate: ..." (``main`` prints the "recpipe: error: ")
+        command = self.prog.removeprefix("recpipe").strip()
+        raise UsageError(f"{command}: {message}" if command else message)
 
     def format_help(self) -> str:
         # Help texts come from docstrings written in reStructuredText for readers of the code; a
@@ -81,12 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; returns the process exit code (0 ok, 1 runtime failure, 2 bad usage/input)."""
+    """Run the CLI; returns the process exit code (0 ok, 1 runtime failure, 2 bad usage or input)."""
     try:
         parser = build_parser()
         args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
         if args.command is None:
-            parser.print_help()
+            parser.print_help(sys.stderr)
             return 2
         logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         with _sigterm_unwinds():
@@ -94,8 +101,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         print(f"recpipe: error: {e}", file=sys.stderr)
         return 2
+    except BAD_INPUT as e:  # what the user asked for can never work: their input, as a usage error is
+        print(f"recpipe: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
     except RecpipeError as e:
         print(f"recpipe: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # the machine refused (a full disk, a file gone): one line, not a traceback
+        print(f"recpipe: error: {e}", file=sys.stderr)
         return 1
     except Terminated:
         print("recpipe: terminated", file=sys.stderr)

@@ -22,13 +22,30 @@ Writer = Callable[[Path], object]
 
 
 def check_writable(path: str | Path, force: bool) -> Path:
-    """Refuse early (before a long run) to overwrite ``path`` without --force."""
+    """Refuse early (before a long run) to write the file ``path``: over an existing one without --force,
+    over a directory, or where no file can be created (``check_creatable``)."""
     p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"{p} is a directory; give a file name")
     if p.exists() and not force:
         raise UsageError(f"{p} exists; pass --force to overwrite it")
     if not p.parent.exists():
         raise UsageError(f"directory {p.parent} does not exist")
+    check_creatable(p.parent)
     return p
+
+
+def check_creatable(directory: str | Path) -> Path:
+    """``directory`` if a file can be created in it, else a UsageError saying why. It tries: permission
+    bits say nothing to root, and nothing at all of /proc or a read-only mount."""
+    d = Path(directory)
+    try:
+        fd, name = tempfile.mkstemp(prefix=".recpipe-probe-", dir=d)
+    except OSError as e:
+        raise UsageError(f"cannot write in {d}: {e.strerror or e}") from None
+    os.close(fd)
+    Path(name).unlink(missing_ok=True)
+    return d
 
 
 def write_atomic(path: str | Path, data: bytes | str | Writer, *, force: bool) -> Path:

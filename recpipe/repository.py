@@ -152,6 +152,9 @@ class Repository:
         if not path.exists():
             raise ArtifactMismatch(f"{path}: model repository manifest is missing (run `recpipe train --out {root}`)")
         manifest = read_json(path)
+        if "schema_version" in manifest and "format" not in manifest:  # ``recpipe synth-data``'s manifest
+            raise ArtifactMismatch(f"{root} is a dataset (recpipe synth-data), not a model repository (recpipe "
+                                   "train --out): swapped --data and --models?")
         for key in ("files", "version", "dataset_sha256"):
             if key not in manifest:
                 raise ArtifactMismatch(f"{path}: manifest has no {key!r}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import time
 
 from recpipe.config import DEFAULT_HOST, DEFAULT_PORT, STEPS, TOTAL_STEP
@@ -18,8 +19,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.timeout <= 0:
-        raise UsageError("--timeout must be > 0")
+    if not 0 < args.timeout < math.inf:
+        raise UsageError(f"--timeout must be a number of seconds > 0, got {args.timeout}")
+    for flag, value, bits in (("--user-id", args.user_id, 64), ("--num-candidates", args.num_candidates, 32),
+                              ("--num-results", args.num_results, 32)):
+        if not -(2 ** (bits - 1)) <= value < 2 ** (bits - 1):  # the request's field; the gateway checks the rest
+            raise UsageError(f"{flag} {value} does not fit the request's int{bits} field")
     from recpipe.client import RecommendClient
 
     with RecommendClient(args.target, timeout=args.timeout) as client:

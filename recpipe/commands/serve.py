@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
+import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -43,8 +45,9 @@ def target_env(stage: str) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     stages = registry()
-    parser.add_argument("--models", type=Path, default=Path(DEFAULT_MODELS_DIR), help="model repository")
-    parser.add_argument("--data", type=Path, default=Path(DEFAULT_DATA_DIR), help="dataset directory")
+    parser.add_argument("--models", type=Path, default=Path(DEFAULT_MODELS_DIR),
+                        help=f"model repository (default: {DEFAULT_MODELS_DIR})")
+    parser.add_argument("--data", type=Path, default=Path(DEFAULT_DATA_DIR), help=f"dataset directory (default: {DEFAULT_DATA_DIR})")
     parser.add_argument("--stage", choices=("all", *stages.names), default="all")
     parser.add_argument("--host", default=os.environ.get(BIND_HOST_ENV) or DEFAULT_HOST,
                         help=f"address to bind (default ${BIND_HOST_ENV}, else {DEFAULT_HOST})")
@@ -147,6 +150,7 @@ def _seconds(text: str) -> float:
 
 def run(args: argparse.Namespace) -> int:
     stages = registry()
+    _check_flags(args)
     batch = BatchConfig.from_namespace(args)  # bad values fail here, before any process starts
     options = stages.options(args)
     for opts in options.values():
@@ -162,6 +166,31 @@ def run(args: argparse.Namespace) -> int:
     if args.stage != "all":
         return _run_one(args, stages, batch, options)
     return _run_all(args, stages, batch, options)
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """The shared flags' values, in this process, before any stage process starts (each would refuse
+    them, one error per process, after the others had loaded)."""
+    from recpipe.accel import device
+
+    for flag, value in (("--grace", args.grace), ("--startup-timeout", args.startup_timeout)):
+        if not 0 <= value < math.inf or (flag == "--startup-timeout" and value == 0):
+            raise UsageError(f"{flag} must be a finite number of seconds {'> 0' if flag == '--startup-timeout' else '>= 0'}, "
+                             f"got {value}")
+    if args.workers < 0:
+        raise UsageError(f"--workers must be >= 0, got {args.workers}")
+    if args.metrics_port is not None and not -1 <= args.metrics_port <= 65535:
+        raise UsageError(f"--metrics-port must be in 0..65535, or -1 (off), got {args.metrics_port}")
+    name = args.device.strip().lower()
+    if name not in ("auto", "cpu") and not re.fullmatch(r"cuda(:\d+)?", name):
+        raise UsageError(f"--device must be auto, cpu, cuda or cuda:N, got {args.device!r}")
+    if name.startswith("cuda") and args.stage == "all":
+        # CUDA asked for by name: present, and that device (torch loads for it), once for the whole chain
+        device.resolve(name)
+    try:
+        socket.getaddrinfo(args.host, None)
+    except (socket.gaierror, UnicodeError):
+        raise UsageError(f"--host {args.host!r} is not an address or name this machine can bind") from None
 
 
 def upstream_targets(args: argparse.Namespace, stages: Registry, stage: str) -> dict[str, str]:

@@ -29,20 +29,25 @@ def _seed(text: str) -> int:
 
 
 def _scale(text: str) -> float:
+    from recpipe.datagen.config import MAX_SCALE
+
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    if not math.isfinite(value) or not 0 < value <= MAX_SCALE:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0 and <= {MAX_SCALE:g}, got {text!r}")
     return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from recpipe.datagen.config import MAX_SCALE
+
     parser.add_argument("--out", default=DEFAULT_DATA_DIR, metavar="DIR",
                         help=f"dataset directory to create (default: {DEFAULT_DATA_DIR})")
     parser.add_argument("--scale", type=_scale, default=1.0, metavar="F",
-                        help="multiply every row count by F (1 = 221k users, 850k items, 4M interactions)")
+                        help="multiply every row count by F (1 = 221k users, 850k items, 4M interactions; "
+                             f"at most {MAX_SCALE:g})")
     parser.add_argument("--seed", type=_seed, default=0, metavar="N", help="random seed, 0..2**63-1 (default 0)")
     parser.add_argument("--force", action="store_true", help="replace an existing dataset in DIR")
     parser.add_argument("--quiet", action="store_true", help="print nothing but errors")

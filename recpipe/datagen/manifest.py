@@ -41,6 +41,9 @@ def load_manifest(data_dir: str | Path) -> dict[str, Any]:
         raise ArtifactMismatch(f"{path}: unreadable manifest ({e})") from None
     if not isinstance(manifest, dict):
         raise ArtifactMismatch(f"{path}: expected a JSON object")
+    if "schema_version" not in manifest and "format" in manifest:  # a model repository's (``recpipe train``)
+        raise ArtifactMismatch(f"{data_dir} is a model repository (recpipe train --out), not a dataset (recpipe "
+                               "synth-data): swapped --data and --models?")
     missing = [k for k in REQUIRED_KEYS if k not in manifest]
     if missing:
         raise ArtifactMismatch(f"{path}: missing keys {', '.join(missing)}")

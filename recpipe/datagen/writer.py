@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from recpipe import schema
 from recpipe.errors import UsageError
 from recpipe.filemodes import dir_mode
-from recpipe.files import swap_dir
+from recpipe.files import check_creatable, swap_dir
 
 MANIFEST_NAME = "manifest.json"
 DATASET_FILES: tuple[str, ...] = (*schema.TABLE_FILES.values(), MANIFEST_NAME)
@@ -138,8 +138,10 @@ class DatasetDir:
             existing = existing.parent
         if not existing.is_dir():
             raise UsageError(f"cannot write {out}: {existing} is not a directory")
-        if not os.access(existing, os.W_OK | os.X_OK):
-            raise UsageError(f"cannot write {out}: {existing} is not writable")
+        try:
+            check_creatable(existing)  # permission bits say nothing to root, nor of /proc
+        except UsageError as e:
+            raise UsageError(f"cannot write {out}: {e}") from None
 
     def __enter__(self) -> Path:
         parent = self.out.absolute().parent

@@ -79,7 +79,9 @@ class BatchConfig(StageOptions):
             raise UsageError(f"--max-batch must be >= 0 (0 = auto), got {self.max_batch}")
         if self.max_queue_delay_us < 0:
             raise UsageError(f"--max-queue-delay-us must be >= 0, got {self.max_queue_delay_us}")
-        if self.max_queue < max(1, self.max_batch):
+        if self.max_queue < 1:
+            raise UsageError(f"--max-queue must be >= 1, got {self.max_queue}")
+        if self.max_queue < self.max_batch:
             raise UsageError(f"--max-queue ({self.max_queue}) must be >= --max-batch ({self.max_batch})")
 
     def for_device(self, device: str) -> BatchConfig:

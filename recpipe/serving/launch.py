@@ -113,7 +113,8 @@ def allocate_ports(registry: Registry, host: str, base: int, metrics_flag: int |
         out[spec.name] = processes
     top = max(max(p.own, p.metrics or 0) for ps in out.values() for p in ps)
     if top > 65535:
-        raise UsageError(f"the ports from {base} reach {top} (over 65535): choose a lower --port or fewer replicas")
+        raise UsageError(f"the ports from {base} reach {top} (over 65535, metrics ports included): choose a lower "
+                         "--port or --metrics-port, or fewer replicas")
     return out
 
 

@@ -9,7 +9,6 @@ placeholder README of a checkout's ``models/`` is kept, and what is written foll
 from __future__ import annotations
 
 import logging
-import os
 import platform
 import shutil
 import tempfile
@@ -32,7 +31,7 @@ from recpipe.features import artifacts as feature_artifacts
 from recpipe.features.artifacts import FeatureConfig
 from recpipe.features.core import FeatureCore, read_tables
 from recpipe.filemodes import follow_umask
-from recpipe.files import swap_dir
+from recpipe.files import check_creatable, swap_dir
 from recpipe.preprocess import PreprocessConfig, Preprocessor
 from recpipe.ranking import artifacts as ranking_artifacts
 from recpipe.ranking import probe as ranking_probes
@@ -60,9 +59,14 @@ RECALL_K = 500
 def _prepare_out(out: Path, force: bool) -> None:
     check_replaceable(out, force)
     parent = out.parent if str(out.parent) else Path(".")
-    parent.mkdir(parents=True, exist_ok=True)
-    if not os.access(parent, os.W_OK):
-        raise UsageError(f"--out {out}: directory {parent} is not writable")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--out {out}: cannot create {parent}: {e.strerror or e}") from None
+    try:
+        check_creatable(parent)  # where the repository is built before its swap into place
+    except UsageError as e:
+        raise UsageError(f"--out {out}: {e}") from None
 
 
 def _swap_into_place(tmp: Path, out: Path) -> None:

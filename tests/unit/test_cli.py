@@ -3,17 +3,73 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from recpipe.cli import main
+from recpipe.errors import UsageError
 
 
 def test_no_command_is_a_usage_error(capsys) -> None:
     assert main([]) == 2
+    out, err = capsys.readouterr()
+    assert not out and err.startswith("usage: recpipe")  # help on stderr: nothing ran
 
 
 def test_unknown_flag_is_one_line_error_exit_2(capsys) -> None:
     assert main(["synth-data", "--no-such-flag"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("recpipe: error:")
+    assert err == ["recpipe: error: unrecognized arguments: --no-such-flag"]  # "recpipe" said once
+    assert main(["querygen", "--rate", "x"]) == 2
+    assert capsys.readouterr().err == "recpipe: error: querygen: argument --rate: invalid float value: 'x'\n"
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--grace", "-1"], "--grace must be a finite number of seconds >= 0, got -1.0"),
+    (["--grace", "nan"], "--grace must be a finite number of seconds >= 0, got nan"),
+    (["--startup-timeout", "0"], "--startup-timeout must be a finite number of seconds > 0, got 0.0"),
+    (["--workers", "-1"], "--workers must be >= 0, got -1"),
+    (["--metrics-port", "-5"], "--metrics-port must be in 0..65535, or -1 (off), got -5"),
+    (["--device", "tpu"], "--device must be auto, cpu, cuda or cuda:N, got 'tpu'"),
+    (["--host", "999.1.1.1"], "--host '999.1.1.1' is not an address or name this machine can bind"),
+    (["--max-queue", "0"], "--max-queue must be >= 1, got 0"),
+])
+def test_serve_refuses_bad_shared_flags_before_any_stage_starts(argv, message, tmp_path, capsys) -> None:
+    # nothing at --models or --data: a flag checked later would have failed on them instead
+    assert main(["serve", "--models", str(tmp_path / "m"), "--data", str(tmp_path / "d"), *argv]) == 2
+    assert capsys.readouterr().err == f"recpipe: error: {message}\n"
+
+
+def test_serve_refuses_cuda_where_there_is_none(tmp_path, capsys) -> None:
+    from recpipe.accel.device import no_gpu
+
+    if not no_gpu():
+        pytest.skip("a GPU driver is present: --device cuda may be right here")
+    assert main(["serve", "--models", str(tmp_path), "--data", str(tmp_path), "--device", "cuda"]) == 2
+    assert "CUDA is not available" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--user-id", str(2**64)], f"--user-id {2**64} does not fit the request's int64 field"),
+    (["--user-id", "1", "--num-candidates", str(2**31)], "does not fit the request's int32 field"),
+    (["--user-id", "1", "--timeout", "nan"], "--timeout must be a number of seconds > 0, got nan"),
+    (["--user-id", "1", "--timeout", "inf"], "--timeout must be a number of seconds > 0, got inf"),
+])
+def test_recommend_refuses_what_its_request_cannot_carry(argv, message, capsys) -> None:
+    assert main(["recommend", "--target", "127.0.0.1:1", *argv]) == 2  # refused before connecting
+    err = capsys.readouterr().err
+    assert err.startswith("recpipe: error: ") and message in err and err.count("\n") == 1
+
+
+def test_an_output_where_no_file_can_be_created_is_refused_before_the_work(tmp_path, capsys) -> None:
+    from recpipe.files import check_writable
+
+    assert main(["synth-data", "--out", "/proc/recpipe-data", "--scale", "0.001", "--quiet"]) == 2
+    assert capsys.readouterr().err == ("recpipe: error: cannot write /proc/recpipe-data: cannot write in /proc: "
+                                       "No such file or directory\n")
+    assert main(["train", "--data", str(tmp_path), "--out", "/proc/recpipe-models"]) == 2
+    assert "--out /proc/recpipe-models: cannot write in /proc" in capsys.readouterr().err
+    with pytest.raises(UsageError, match="is a directory; give a file name"):
+        check_writable(tmp_path, force=True)
 
 
 def test_help_shows_no_restructuredtext_double_backticks(capsys) -> None:

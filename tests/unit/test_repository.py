@@ -102,3 +102,19 @@ def test_index_not_matching_the_items_is_named(repo_copy: Path) -> None:
     reseal(repo_copy)
     with pytest.raises(ArtifactMismatch, match=r"index\.json"):
         RetrievalCore.load(repo_copy, device="cpu")
+
+
+def test_a_dataset_given_as_models_and_a_repository_given_as_data_say_so(tmp_path) -> None:
+    import json
+
+    from recpipe.datagen.manifest import load_manifest
+
+    data, models = tmp_path / "data", tmp_path / "models"
+    data.mkdir()
+    models.mkdir()
+    (data / "manifest.json").write_text(json.dumps({"schema_version": 1, "sha256": {}, "rows": {}}))
+    (models / "manifest.json").write_text(json.dumps({"format": 1, "files": {}, "version": "v"}))
+    with pytest.raises(ArtifactMismatch, match=r"data is a dataset \(recpipe synth-data\), not a model repository"):
+        Repository.open(data)
+    with pytest.raises(ArtifactMismatch, match=r"models is a model repository \(recpipe train --out\), not a dataset"):
+        load_manifest(models)
