@@ -438,7 +438,7 @@ def check_batch(entries: int, rows: int, stage: str) -> None:
     if entries > MAX_BATCH_ENTRIES:
         raise BadRequest(f"{stage}: {entries} entries in one batch message, at most {MAX_BATCH_ENTRIES}")
     if rows > MAX_BATCH_ROWS:
-        raise BadRequest(f"{stage}: {rows} rows in one batch message (candidates, ids or k summed over its "
+        raise BadRequest(f"{stage}: {rows} rows in one batch message (candidates or item ids summed over its "
                          f"entries), at most {MAX_BATCH_ROWS}")
 
 
