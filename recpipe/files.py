@@ -3,15 +3,18 @@
 A temporary file in the target's directory is written, flushed and fsynced, renamed over the target
 (``os.replace``, atomic on POSIX within one filesystem), and the directory is fsynced so the rename
 itself survives a crash. On any failure the temporary file is removed and the target is untouched.
-``swap_dir`` moves a finished directory into place the same way.
+``swap_dir`` moves a finished directory into place the same way, and ``write_files`` writes a set of
+files (a run document and its charts, a report) that appear together or not at all.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from recpipe import termination
@@ -76,6 +79,58 @@ def write_atomic(path: str | Path, data: bytes | str | Writer, *, force: bool) -
         raise
     _fsync_path(p.parent)
     return p
+
+
+def write_files(files: Mapping[Path, bytes | str | Writer], force: bool) -> list[Path]:
+    """Write ``files`` (path -> content, as ``write_atomic`` takes it) as one set: each to a hidden temporary name beside its target
+    (``write_atomic``), and only once all are written, each renamed into place. On any failure, Ctrl-C
+    included, the temporary files are removed and, without ``force``, the targets already renamed too:
+    a report's charts left without its report.md would make the rerun refuse them for want of --force."""
+    for path in files:
+        check_writable(path, force)
+    temps: dict[Path, Path] = {}
+    placed: list[Path] = []
+    try:
+        for path, data in files.items():
+            temps[path] = path.with_name(f".{path.name}.{secrets.token_hex(4)}.part")
+            write_atomic(temps[path], data, force=False)
+        termination.check()  # asked to stop while drawing: commit nothing
+        for path, tmp in temps.items():
+            os.replace(tmp, path)
+            placed.append(path)
+    except BaseException:
+        for tmp in temps.values():
+            tmp.unlink(missing_ok=True)
+        if not force:  # they did not exist before (checked above): back to no set at all
+            for path in placed:
+                path.unlink(missing_ok=True)
+        raise
+    for directory in {p.parent for p in files}:  # the renames survive a crash
+        _fsync_path(directory)
+    return list(files)
+
+
+@contextlib.contextmanager
+def output_dir(path: str | Path, flag: str) -> Iterator[Path]:
+    """``path`` as a directory to write into, created now (``UsageError`` if it is a file or cannot be
+    created or written in) so that a bad one is refused before the work, not after it; if the work then
+    fails, the directories created here are removed again (those that nothing else went into)."""
+    d = Path(path)
+    if d.exists() and not d.is_dir():
+        raise UsageError(f"{flag} {d} is not a directory")
+    created = [p for p in (d, *d.parents) if not p.exists()]  # deepest first
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"{flag} {d}: cannot create the directory: {e.strerror or e}") from None
+    try:
+        check_creatable(d)
+        yield d
+    except BaseException:
+        for p in created:
+            with contextlib.suppress(OSError):
+                p.rmdir()
+        raise
 
 
 def _fsync_path(path: Path) -> None:

@@ -23,6 +23,7 @@ import asyncio
 import io
 import itertools
 import json
+import math
 import os
 import resource
 import statistics
@@ -40,6 +41,8 @@ NAIVE = "naive (asyncio epoll)"
 SELECT = "recpipe (select)"
 FRAMES, AIO = "frames", "aio"
 SERVERS = (FRAMES, AIO)
+#: the target's address before it is started (only ``run``'s up-front checks see it)
+UNSTARTED = "127.0.0.1:0"
 _SERVER_NAMES = {FRAMES: "the fixed reply at the HTTP/2 frame level", AIO: "the grpc.aio fixed-reply server"}
 
 
@@ -102,14 +105,9 @@ async def _senders(target: str, rate: float, processes: int, args: argparse.Name
                    ) -> tuple[dict[str, Any], float]:
     """querygen's own path (a Session, ``--processes N``): the run and the generator's CPU seconds, its
     sender processes' included."""
-    from recpipe.querygen.config import QuerygenConfig
     from recpipe.querygen.session import Session
-    from recpipe.querygen.workload import fixed_candidates
 
-    config = QuerygenConfig(target=target, mode="open", candidates=fixed_candidates(args.num_candidates),
-                            rate=rate, duration=args.duration, warmup=args.warmup, num_users=1000,
-                            seed=args.seed, processes=processes)
-    session = Session(config, stream=io.StringIO())
+    session = Session(_config(target, rate, processes, args), stream=io.StringIO())
     await session.open()
     try:
         cpu0 = _process_cpu_s() or 0.0
@@ -120,6 +118,18 @@ async def _senders(target: str, rate: float, processes: int, args: argparse.Name
     row = _row(rate, step.measurement, step.achieved)
     row["process_lag_p99_us"] = [r.measurement.send_lag.percentile_us(99) for r in step.senders]
     return row, cpu
+
+
+def _config(target: str, rate: float, processes: int, args: argparse.Namespace) -> Any:
+    """The querygen configuration of one run (which validates it: ``run`` builds each before starting)."""
+    from recpipe.querygen.config import QuerygenConfig
+    from recpipe.querygen.workload import fixed_candidates
+
+    return QuerygenConfig(target=target, mode="open", candidates=fixed_candidates(args.num_candidates),
+                          rate=rate, duration=args.duration, warmup=args.warmup, num_users=1000,
+                          seed=args.seed, processes=processes,
+                          # the fixed reply ignores it; querygen refuses more results than candidates
+                          num_results=min(10, args.num_candidates))
 
 
 def _percent(share: float | None) -> str:
@@ -164,8 +174,8 @@ def _parse_list(text: str, flag: str, kind: type) -> list[Any]:
         values = [kind(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise UsageError(f"{flag} must be numbers, got {text!r}") from None
-    if not values or any(v <= 0 for v in values):
-        raise UsageError(f"{flag} must be positive")
+    if not values or not all(v > 0 and math.isfinite(v) for v in values):
+        raise UsageError(f"{flag} must be positive (and finite), got {text!r}")
     return values
 
 
@@ -182,6 +192,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--processes takes process counts such as 1,2 (not auto), got {args.processes!r}")
     if args.repeat < 1:
         raise UsageError(f"--repeat must be >= 1, got {args.repeat}")
+    for rate in rates:  # every run's settings refused here, before the target starts or the header prints
+        _config(UNSTARTED, rate, max(counts), args)
     variants = [(NAIVE, 1), *((SELECT, n) for n in counts)]
     results = []
     with TestServerProcess(TestServerConfig({}, fixed_reply=True, frames=args.server == FRAMES)) as server:

@@ -2,13 +2,16 @@
 
 Open loop sends at Poisson arrival times from a seeded schedule and charges latency from the scheduled
 send time, so a slow server (or a generator that falls behind) cannot hide its tail. With
---slo-p99-ms it searches the highest rate whose end-to-end p99 meets the bound.
+--slo-p99-ms it searches the highest rate whose end-to-end p99 meets the bound. One run (each SLO step,
+each stability window) plans at most 10,000,000 queries: their arrival times and answers are held in
+memory.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from recpipe.config import DEFAULT_NUM_CANDIDATES, DEFAULT_NUM_RESULTS, normalize_target
 from recpipe.errors import UsageError
@@ -41,7 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cands.add_argument("--candidates-file", metavar="QUANTILES",
                        help="quantile file: lines 'QUANTILE VALUE' (quantile in [0,1]) or one VALUE per "
                             "line (equally spaced quantiles); '#' comments; sampled by inverse CDF")
-    parser.add_argument("--num-results", type=int, default=DEFAULT_NUM_RESULTS)
+    parser.add_argument("--num-results", type=int, default=DEFAULT_NUM_RESULTS,
+                        help=f"results per query (default {DEFAULT_NUM_RESULTS}); at most the candidates a query "
+                             "asks for, which the gateway requires (refused if over 1%% of queries would ask "
+                             "for fewer)")
     parser.add_argument("--slo-p99-ms", type=float, metavar="X",
                         help="open loop: find the highest rate with end-to-end p99 <= X ms (starts at --rate)")
     parser.add_argument("--arrivals-file", metavar="F", help="--mode open: replay these inter-arrival times (one "
@@ -59,15 +65,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "closed loop divides the clients; one merged report with each process's send "
                              "lag. auto: sized from the offered rate (closed loop: the clients), at most the "
                              "usable cores. Sequential runs in one process")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seeds the schedule and the queries (>= 0)")
     parser.add_argument("--timeout", type=float, default=10.0, metavar="S", help="per-query deadline")
     parser.add_argument("--per-component", action="store_true",
-                        help="call features, retrieval and ranking directly, timing each from the client")
-    parser.add_argument("--features", metavar="HOST:PORT", help="--per-component: features (default --target)")
-    parser.add_argument("--retrieval", metavar="HOST:PORT", help="--per-component: retrieval (default --target)")
-    parser.add_argument("--ranking", metavar="HOST:PORT", help="--per-component: ranking (default --target)")
+                        help="call features, retrieval and ranking directly, timing each from the client: give "
+                             "each stage's own address (recpipe's gateway serves none of their services, so "
+                             "--target alone fits only a server that serves all three on one port, such as "
+                             "the test server, recpipe.querygen.testserver)")
+    parser.add_argument("--features", metavar="HOST:PORT", help="--per-component: the features stage (default "
+                        "--target)")
+    parser.add_argument("--retrieval", metavar="HOST:PORT", help="--per-component: the retrieval stage "
+                        "(default --target)")
+    parser.add_argument("--ranking", metavar="HOST:PORT", help="--per-component: the ranking stage (default "
+                        "--target)")
     parser.add_argument("--out", metavar="RUN.json", help="write the run document here")
-    parser.add_argument("--plot", metavar="DIR", help="write PNG charts into DIR")
+    parser.add_argument("--plot", metavar="DIR", help="write PNG charts into DIR (created if missing)")
     parser.add_argument("--force", action="store_true", help="overwrite --out / --plot files")
     parser.add_argument("--quiet", action="store_true", help="no summary table on stdout")
 
@@ -104,27 +116,37 @@ def build_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 
 def run(args: argparse.Namespace) -> int:
-    from recpipe.files import check_writable
+    import contextlib
+
+    from recpipe.files import check_writable, output_dir, write_files
     from recpipe.querygen import loops, output, plots, session
     config = build_config(args)
+    # Every output is refused here, before a query is sent, not after the run: --out, and --plot's
+    # directory (created now; removed again if the run fails) and each chart in it.
     if args.out:
         check_writable(args.out, args.force)
-    if args.plot and not args.force:
-        from pathlib import Path
-
-        existing = [p for p in Path(args.plot).glob("*.png")] if Path(args.plot).is_dir() else []
-        if existing:
-            raise UsageError(f"{args.plot} already holds charts ({existing[0].name}); pass --force")
-    doc = loops.run(session.execute(config))
-    for w in doc["warnings"]:
-        print(f"recpipe querygen: warning: {w}", file=sys.stderr)
-    if not args.quiet:
-        print(output.summary_text(doc))
-    if args.out:
-        output.write_json(args.out, doc, args.force)
-    if args.plot:
-        plots.write_run_plots(doc, args.plot, force=True)
+    with output_dir(args.plot, "--plot") if args.plot else contextlib.nullcontext() as plot_dir:
+        if plot_dir is not None:
+            existing = sorted(plot_dir.glob("*.png"))
+            if existing and not args.force:
+                raise UsageError(f"{args.plot} already holds charts ({existing[0].name}); pass --force")
+            for name in plots.run_chart_names(None):
+                check_writable(plot_dir / name, True)
+        doc = loops.run(session.execute(config))
+        for w in doc["warnings"]:
+            print(f"recpipe querygen: warning: {w}", file=sys.stderr)
+        if not args.quiet:
+            print(output.summary_text(doc))
+        # the run document and its charts appear together or not at all
+        files: dict[Path, bytes | str] = {Path(args.out): output.document_text(doc)} if args.out else {}
+        if plot_dir is not None:
+            files.update(plots.run_plots(doc, plot_dir))
+        write_files(files, args.force)
     if doc["queries"] and not doc["ok"]:
-        print(f"recpipe querygen: no query succeeded ({doc['errors_by_code']})", file=sys.stderr)
+        hint = ""
+        if config.per_component and "UNIMPLEMENTED" in doc["errors_by_code"]:
+            hint = ("; an address does not serve its stage's service: --per-component needs each stage's "
+                    "own address (--features, --retrieval, --ranking), not the gateway's")
+        print(f"recpipe querygen: no query succeeded ({doc['errors_by_code']}){hint}", file=sys.stderr)
         return 1
     return 0

@@ -31,11 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from recpipe.characterize import document
     from recpipe.errors import UsageError
-    from recpipe.files import write_atomic
+    from recpipe.files import check_writable, output_dir, write_files
     from recpipe.querygen import compare, output, plots
 
     kinds = {document.peek_format(p) == document.FORMAT for p in args.runs}
@@ -49,21 +47,17 @@ def run(args: argparse.Namespace) -> int:
     if unlike and not args.force:
         raise UsageError(f"will not compute speed-ups between unlike runs ({'; '.join(unlike)}); measure them "
                          "the same way, or pass --force to compare anyway")
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is not a directory")
     names = ("report.md", "comparison.png", "stages.png", "latency_cdf.png")
-    if not args.force:
-        clash = [n for n in names if (out / n).exists()]
-        if clash:
-            raise UsageError(f"{out / clash[0]} exists; pass --force to overwrite the report")
-    out.mkdir(parents=True, exist_ok=True)
-    runs = list(zip(labels, docs, strict=True))
-    plots.comparison_bars(runs, out / "comparison.png", force=True)
-    plots.stage_bars(runs, out / "stages.png", force=True)
-    plots.latency_cdf(runs, out / "latency_cdf.png", force=True)
-    text = compare.markdown(runs, charts=names[1:], unlike=unlike)
-    write_atomic(out / "report.md", text, force=True)
+    with output_dir(args.out, "--out") as out:
+        for name in names:
+            check_writable(out / name, args.force)
+        runs = list(zip(labels, docs, strict=True))
+        text = compare.markdown(runs, charts=names[1:], unlike=unlike)
+        # drawn in memory, then written as one set: Ctrl-C while drawing leaves no charts without report.md
+        write_files({out / "comparison.png": plots.png(plots.comparison_bars_figure(runs)),
+                            out / "stages.png": plots.png(plots.stage_bars_figure(runs)),
+                            out / "latency_cdf.png": plots.png(plots.latency_cdf_figure(runs)),
+                            out / "report.md": text}, args.force)
     print(text, end="")
     return 0
 
@@ -73,25 +67,37 @@ def _labels(args: argparse.Namespace) -> list[str]:
 
     from recpipe.errors import UsageError
 
-    if args.labels:
+    if args.labels is not None:
         labels = [x.strip() for x in args.labels.split(",")]
         if len(labels) != len(args.runs):
             raise UsageError(f"--labels names {len(labels)} runs, but {len(args.runs)} were given")
-        return labels
-    # a characterization is named by its directory (DIR/characterization.json -> DIR)
-    labels = [Path(p).name if Path(p).is_dir() else Path(p).parent.name if Path(p).name == "characterization.json"
-              else Path(p).stem for p in args.runs]
-    if len(set(labels)) != len(labels):
-        labels = [f"{i + 1}:{label}" for i, label in enumerate(labels)]
+        if not all(labels):
+            raise UsageError(f"--labels {args.labels!r} leaves a run without a name")
+        if len(set(labels)) != len(labels):
+            raise UsageError(f"--labels {args.labels!r} names two runs the same")
+    else:
+        # a characterization is named by its directory (DIR/characterization.json -> DIR)
+        labels = [Path(p).name if Path(p).is_dir() else Path(p).parent.name if Path(p).name == "characterization.json"
+                  else Path(p).stem for p in args.runs]
+        if len(set(labels)) != len(labels):
+            labels = [f"{i + 1}:{label}" for i, label in enumerate(labels)]
+    # A label heads Markdown table columns, where '|' ends a cell and a line break ends the row. Refused,
+    # not escaped: the same label names the charts' legends, where an escaping backslash would show.
+    bad = next((label for label in labels if "|" in label or not label.isprintable()), None)
+    if bad is not None:
+        raise UsageError(f"run name {bad!r} holds '|' or a control character, which would break the report's "
+                         "tables; name the runs with --labels")
     return labels
 
 
 def _characterizations(args: argparse.Namespace) -> int:
     """``recpipe report A B`` on characterizations (``recpipe characterize --out``): section by section."""
+    import tempfile
     from pathlib import Path
 
     from recpipe.characterize import compare, document
     from recpipe.errors import UsageError
+    from recpipe.files import check_writable, output_dir, write_files
 
     docs = [document.load(p) for p in args.runs]
     labels = _labels(args)
@@ -101,14 +107,14 @@ def _characterizations(args: argparse.Namespace) -> int:
                          f"({'; '.join(unlike)}); pass --force to compare anyway")
     for line in unlike:
         print(f"recpipe report: warning: settings differ: {line}", file=sys.stderr)
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is not a directory")
-    if not args.force:
-        clash = [n for n in ("report.md", *compare.CHARTS) if (out / n).exists()]
-        if clash:
-            raise UsageError(f"{out / clash[0]} exists; pass --force to overwrite the report")
-    text = compare.write(list(zip(labels, docs, strict=True)), out, unlike, force=args.force)
+    with output_dir(args.out, "--out") as out:
+        for name in ("report.md", *compare.CHARTS):
+            check_writable(out / name, args.force)
+        # drawn into a scratch directory first, then written into --out as one set (see ``run``)
+        with tempfile.TemporaryDirectory(prefix="recpipe-report-") as scratch:
+            text = compare.write(list(zip(labels, docs, strict=True)), Path(scratch), unlike, force=True)
+            files = {out / p.name: p.read_bytes() for p in Path(scratch).iterdir()}
+        write_files(files, args.force)
     print(text, end="")
     return 0
 

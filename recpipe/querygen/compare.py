@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from recpipe.config import STEPS
+from recpipe.stages import REGISTRY
 
 ROWS: tuple[str, ...] = (*STEPS, "end_to_end")
 
@@ -87,6 +88,13 @@ def verdict(label: str, base: dict[str, Any], run: dict[str, Any], key: str = "p
     return head + "; " + "; ".join(parts)
 
 
+def _chain_order(pipeline: dict[str, Any]) -> list[tuple[str, Any]]:
+    """A run's stages (``pipeline``: name -> GetInfo) in the registry's order, upstream first (features,
+    retrieval, ranking, gateway), any others after: a run records them as its probes answered."""
+    order = {name: i for i, name in enumerate(REGISTRY.names)}
+    return sorted(pipeline.items(), key=lambda item: order.get(item[0], len(order)))
+
+
 def _describe(doc: dict[str, Any]) -> dict[str, str]:
     plat = doc.get("platform") or {}
     mode = doc.get("mode", "?")
@@ -96,7 +104,7 @@ def _describe(doc: dict[str, Any]) -> dict[str, str]:
         mode += f" @ {doc['target_rate']:.0f} q/s"
     elif doc.get("concurrency") and doc.get("mode") == "closed":
         mode += f" x{doc['concurrency']}"
-    devices = ", ".join(f"{name}: {info.get('device')}" for name, info in (doc.get("pipeline") or {}).items()
+    devices = ", ".join(f"{name}: {info.get('device')}" for name, info in _chain_order(doc.get("pipeline") or {})
                         if isinstance(info, dict) and info.get("device"))
     return {
         "cpu": f"{plat.get('cpu', '?')} ({plat.get('cores', '?')} cores)",

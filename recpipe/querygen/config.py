@@ -25,6 +25,12 @@ MAX_PROCESSES = 64
 #: answered queries a p99 should rest on: 1,000 puts 10 beyond it (fewer, and a p99 is the largest of a
 #: handful of samples); what --min-queries suggests, and what an SLO step under it is warned about
 STEADY_P99_QUERIES = 1000
+#: queries one run (an SLO step, a stability window) may plan: its arrival times and every answer's
+#: timings are held in memory, so more is a typo (--rate 1e9 grew to 23 GB), not a measurement
+MAX_QUERIES = 10_000_000
+#: share of queries that may ask for fewer candidates than --num-results (the gateway refuses them,
+#: INVALID_ARGUMENT): the error share an SLO step may have (``recpipe.querygen.slo.SloSearch``)
+MAX_SHORT_SHARE = 0.01
 
 
 def parse_processes(text: str, flag: str = "--processes") -> int | str:
@@ -95,23 +101,26 @@ class QuerygenConfig:
             raise UsageError("--concurrency applies to --mode closed (sequential is one query at a time)")
         if self.duration is not None and self.queries is not None:
             raise UsageError("give --duration or --queries, not both")
-        if self.duration is not None and not self.duration > 0:
-            raise UsageError(f"--duration must be > 0 seconds, got {self.duration}")
-        if self.queries is not None and self.queries < 1:
-            raise UsageError(f"--queries must be >= 1, got {self.queries}")
-        if not self.warmup >= 0:
-            raise UsageError(f"--warmup must be >= 0 seconds, got {self.warmup}")
+        if self.duration is not None and not (self.duration > 0 and math.isfinite(self.duration)):
+            raise UsageError(f"--duration must be > 0 seconds (and finite), got {self.duration}")
+        if self.queries is not None and not 1 <= self.queries <= MAX_QUERIES:
+            raise UsageError(f"--queries must be in 1..{MAX_QUERIES:,} (the most one run plans), got {self.queries:,}")
+        if not (self.warmup >= 0 and math.isfinite(self.warmup)):
+            raise UsageError(f"--warmup must be >= 0 seconds (and finite), got {self.warmup}")
+        if self.seed < 0:
+            raise UsageError(f"--seed must be >= 0, got {self.seed}")
         # The user-id range may come from the gateway later; validate the rest of the spec now.
         UserSpec(self.users, self.num_users if self.num_users is not None else 1, self.zipf_exponent)
         if self.num_users is not None and self.num_users < 1:
             raise UsageError(f"--num-users must be >= 1, got {self.num_users}")
         if self.num_results < 1:
             raise UsageError(f"--num-results must be >= 1, got {self.num_results}")
+        self._check_num_results()
         if self.slo_p99_ms is not None:
             if self.mode != "open":
                 raise UsageError("--slo-p99-ms searches open-loop rates: use it with --mode open")
-            if not self.slo_p99_ms > 0:
-                raise UsageError(f"--slo-p99-ms must be > 0, got {self.slo_p99_ms}")
+            if not (self.slo_p99_ms > 0 and math.isfinite(self.slo_p99_ms)):
+                raise UsageError(f"--slo-p99-ms must be > 0 (and finite), got {self.slo_p99_ms}")
             if self.queries is not None:
                 raise UsageError("--slo-p99-ms runs fixed-duration steps: use --duration, not --queries")
         if self.min_queries < 0:
@@ -130,8 +139,9 @@ class QuerygenConfig:
             raise UsageError(f"--stability-percentile must be in (0, 100), got {self.stability_percentile:g}")
         if self.max_windows < STABLE_WINDOWS:
             raise UsageError(f"--max-windows must be >= {STABLE_WINDOWS}, got {self.max_windows}")
-        if not self.timeout > 0:
-            raise UsageError(f"--timeout must be > 0 seconds, got {self.timeout}")
+        if not (self.timeout > 0 and math.isfinite(self.timeout)):
+            raise UsageError(f"--timeout must be > 0 seconds (and finite), got {self.timeout}")
+        self._check_planned()
         # the same checks whether the value came from the command line or was built in code
         processes = parse_processes(str(self.processes))
         object.__setattr__(self, "processes", processes)  # "Auto" -> AUTO, "2" -> 2
@@ -148,6 +158,38 @@ class QuerygenConfig:
                 raise UsageError("--per-component needs --features, --retrieval and --ranking (or --target)")
         elif not self.target:
             raise UsageError("--target HOST:PORT is required (the gateway)")
+
+    def _check_num_results(self) -> None:
+        """Refuse a --num-results more than the candidates of over ``MAX_SHORT_SHARE`` of the queries ask
+        for: the gateway answers such a query INVALID_ARGUMENT, so the run would measure errors. Not
+        "more than the fewest candidates a query can draw": a lognormal can draw 1, and would refuse
+        --num-results 10 even where one query in a billion draws fewer."""
+        spec, n = self.candidates, self.num_results
+        if spec.kind == "fixed":
+            if n > spec.fixed:
+                raise UsageError(f"--num-results {n} is more than the {spec.fixed} candidates per query "
+                                 "(--num-candidates): the gateway refuses every such query")
+            return
+        short = spec.share_below(n)
+        if short > MAX_SHORT_SHARE:
+            raise UsageError(f"--num-results {n} is more than the candidates {short:.1%} of the queries ask for "
+                             f"({spec.describe()}): the gateway refuses those; at most {MAX_SHORT_SHARE:.0%} may")
+
+    def _check_planned(self) -> None:
+        """Refuse a run that plans more than ``MAX_QUERIES`` queries (open loop: rate x (warm-up +
+        duration)), before anything is allocated: --rate 1e9 --duration 1 once grew to 23 GB."""
+        if self.mode != "open":
+            return  # closed and sequential plan --queries (bounded above) or a finite duration
+        if self.arrivals is not None:
+            rate, source = self.arrivals.mean_rate, " (--arrivals-file's mean)"
+        else:
+            assert self.rate is not None
+            rate, source = self.rate, ""
+        planned = rate * (self.warmup + (self.window_s(rate) or 0.0))
+        if planned > MAX_QUERIES:
+            length = f"--queries {self.queries:,}" if self.queries is not None else f"{self.window_s(rate):g} s"
+            raise UsageError(f"an open-loop run at {rate:g} q/s{source} over {self.warmup:g} s of warm-up + {length} "
+                             f"plans {planned:,.0f} queries; at most {MAX_QUERIES:,} per run")
 
     @property
     def stage_targets(self) -> dict[str, str]:

@@ -14,8 +14,13 @@ FORMAT = "recpipe.querygen.run"
 SUPPORTED_VERSIONS = (1,)
 
 
+def document_text(doc: dict[str, Any]) -> str:
+    """``doc`` as the JSON text ``write_json`` writes."""
+    return json.dumps(doc, indent=2, sort_keys=False) + "\n"
+
+
 def write_json(path: str | Path, doc: dict[str, Any], force: bool) -> Path:
-    return write_atomic(path, json.dumps(doc, indent=2, sort_keys=False) + "\n", force=force)
+    return write_atomic(path, document_text(doc), force=force)
 
 
 def load_document(path: str | Path, fmt: str, versions: Iterable[int], what: str) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from recpipe.config import STEPS
-from recpipe.files import write_atomic
+from recpipe.files import write_atomic, write_files
 from recpipe.querygen.table import min_samples, supported
 
 Labelled = Sequence[tuple[str, dict[str, Any]]]
@@ -40,10 +40,15 @@ def _figure(width: float = 8.0, height: float = 4.5) -> Any:
     return fig
 
 
-def _save(fig: Any, path: Path, force: bool) -> Path:
+def png(fig: Any) -> bytes:
+    """``fig`` drawn as a PNG, in memory (written with the rest of its set: ``recpipe.files.write_files``)."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", bbox_inches="tight")
-    return write_atomic(path, buf.getvalue(), force=force)
+    return buf.getvalue()
+
+
+def _save(fig: Any, path: Path, force: bool) -> Path:
+    return write_atomic(path, png(fig), force=force)
 
 
 def _plain(v: float) -> str:
@@ -327,15 +332,27 @@ def slo_curve_figure(runs: Labelled) -> Any:
     return fig
 
 
+#: the charts of one run, by file name
+RUN_CHARTS = ("stage_latency.png", "latency_cdf.png", "slo_curve.png")
+
+
+def run_chart_names(doc: dict[str, Any] | None) -> tuple[str, ...]:
+    """The file names ``run_plots`` draws for ``doc`` (None: a run not yet made, which may be an SLO search)."""
+    return RUN_CHARTS if doc is None or doc.get("slo") else RUN_CHARTS[:2]
+
+
+def run_plots(doc: dict[str, Any], out_dir: str | Path) -> dict[Path, bytes]:
+    """The charts of one run, drawn: path in ``out_dir`` -> PNG."""
+    d, runs = Path(out_dir), [("", doc)]
+    figures = {"stage_latency.png": stage_bars_figure, "latency_cdf.png": latency_cdf_figure,
+               "slo_curve.png": slo_curve_figure}
+    return {d / name: png(figures[name](runs)) for name in run_chart_names(doc)}
+
+
 def write_run_plots(doc: dict[str, Any], out_dir: str | Path, force: bool = False) -> list[Path]:
-    """The charts of one run into ``out_dir`` (created if missing)."""
-    d = Path(out_dir)
-    d.mkdir(parents=True, exist_ok=True)
-    runs = [("", doc)]
-    paths = [stage_bars(runs, d / "stage_latency.png", force), latency_cdf(runs, d / "latency_cdf.png", force)]
-    if doc.get("slo"):
-        paths.append(slo_curve(runs, d / "slo_curve.png", force))
-    return paths
+    """The charts of one run into ``out_dir`` (created if missing), all or none of them."""
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    return write_files(run_plots(doc, out_dir), force)
 
 
 def comparison_bars(runs: Labelled, path: Path, force: bool = False, speedups: bool = True) -> Path:

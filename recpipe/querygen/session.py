@@ -16,7 +16,13 @@ from recpipe.config import STEPS, TOTAL_STEP
 from recpipe.errors import UsageError
 from recpipe.gateway import STEP_STAGES, UPSTREAM
 from recpipe.querygen import clients, loops, platform_info, senders
-from recpipe.querygen.config import DEFAULT_NUM_USERS, STABLE_WINDOWS, STEADY_P99_QUERIES, QuerygenConfig
+from recpipe.querygen.config import (
+    DEFAULT_NUM_USERS,
+    MAX_QUERIES,
+    STABLE_WINDOWS,
+    STEADY_P99_QUERIES,
+    QuerygenConfig,
+)
 from recpipe.querygen.output import FORMAT
 from recpipe.querygen.progress import Progress
 from recpipe.querygen.recorder import Measurement, merge
@@ -348,7 +354,8 @@ async def execute(config: QuerygenConfig, stream: TextIO | None = None) -> dict[
             step_s = config.measured_duration or 0.0
             # Below MIN_STEP_QUERIES per step a p99 is just the largest of a handful of samples.
             search = SloSearch(config.slo_p99_ms * 1000, config.rate,
-                               min_rate=MIN_STEP_QUERIES / step_s if step_s else 0.5)
+                               min_rate=MIN_STEP_QUERIES / step_s if step_s else 0.5,
+                               max_rate=MAX_QUERIES / (config.warmup + step_s))
             best: dict[float, Step] = {}
 
             tell = Progress(session.stream)

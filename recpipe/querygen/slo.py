@@ -8,6 +8,7 @@ rate-latency curve, not just its knee.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -43,6 +44,8 @@ class SloSearch:
     #: a step whose achieved rate falls this far below its target overloaded something (server or
     #: generator), whatever its p99 says
     min_rate_fraction: float = 0.95
+    #: the highest rate a step may offer (its queries are planned in memory: ``config.MAX_QUERIES``)
+    max_rate: float = math.inf
 
 
 @dataclass(frozen=True)
@@ -72,9 +75,9 @@ async def find_max_rate(search: SloSearch, measure: Callable[[float], Awaitable[
     while len(curve) < search.max_steps:
         if await step(rate):
             passing = rate
-            if failing is not None:
+            if failing is not None or rate >= search.max_rate:
                 break
-            rate *= 2
+            rate = min(rate * 2, search.max_rate)
         else:
             failing = rate
             if passing is not None:

@@ -26,8 +26,8 @@ def poisson_arrivals(rate: float, duration: float, seed: int) -> np.ndarray:
     """
     if rate <= 0 or not math.isfinite(rate):
         raise UsageError(f"rate must be a positive number of queries/s, got {rate}")
-    if duration <= 0:
-        raise UsageError(f"duration must be positive, got {duration}")
+    if not (duration > 0 and math.isfinite(duration)):
+        raise UsageError(f"duration must be positive and finite, got {duration}")
     n = round(rate * duration)
     if n == 0:
         return np.zeros(0, dtype=np.float64)
@@ -75,6 +75,13 @@ class CandidateSpec:
             # Inverse CDF: a uniform draw interpolated through the (quantile, value) table.
             raw = np.interp(rng.random(n), self.quantiles, self.values)
         return np.clip(np.rint(raw), 1, MAX_NUM_CANDIDATES).astype(np.int64)
+
+    def share_below(self, n: int, draws: int = 100_000) -> float:
+        """The share of queries that ask for fewer than ``n`` candidates: exact for a fixed count, else
+        estimated from ``draws`` seeded samples of the run's own sampler (rounding and clipping included)."""
+        if self.kind == "fixed":
+            return float(self.fixed < n)
+        return float(np.mean(self.sample(np.random.default_rng(0), draws) < n))
 
 
 def fixed_candidates(n: int) -> CandidateSpec:

@@ -134,3 +134,108 @@ def test_report_files_follow_the_umask(tmp_path: Path) -> None:
         os.umask(previous)
     for name in ("report.md", "comparison.png", "stages.png", "latency_cdf.png"):
         assert stat.S_IMODE((out / name).stat().st_mode) == 0o644, name
+
+
+def _one_line_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str], match: str) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("recpipe: error:"), err
+    assert match in err[0], err[0]
+
+
+@pytest.mark.parametrize(("labels", "match"), [(",", "leaves a run without a name"), ("a, ", "without a name"),
+                                               ("a,a", "names two runs the same"), ("a|b,c", "holds '|'")])
+def test_report_refuses_labels_that_would_break_its_tables(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                           labels: str, match: str) -> None:
+    a = _write(tmp_path, "a.json", _run_doc(BASE, 1))
+    b = _write(tmp_path, "b.json", _run_doc(FAST, 2))
+    _one_line_exit_2(capsys, ["report", a, b, "--out", str(tmp_path / "r"), "--labels", labels], match)
+    assert not (tmp_path / "r").exists()
+
+
+def test_report_refuses_a_file_name_that_would_break_its_tables(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    a = _write(tmp_path, "x|y.json", _run_doc(BASE, 1))
+    _one_line_exit_2(capsys, ["report", a, "--out", str(tmp_path / "r")], "name the runs with --labels")
+    assert main(["report", a, "--out", str(tmp_path / "r"), "--labels", "xy"]) == 0
+
+
+@pytest.mark.parametrize(("out", "match"), [("/proc/x", "--out /proc/x: cannot create the directory"),
+                                            ("a.json", "is not a directory")])
+def test_report_refuses_an_out_it_cannot_write_before_drawing(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                              out: str, match: str) -> None:
+    a = _write(tmp_path, "a.json", _run_doc(BASE, 1))
+    _one_line_exit_2(capsys, ["report", a, "--out", out if out.startswith("/") else str(tmp_path / out)], match)
+
+
+def test_report_refuses_a_directory_where_a_file_goes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = _write(tmp_path, "a.json", _run_doc(BASE, 1))
+    (tmp_path / "r" / "stages.png").mkdir(parents=True)
+    _one_line_exit_2(capsys, ["report", a, "--out", str(tmp_path / "r"), "--force"], "stages.png is a directory")
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["stages.png"]  # nothing drawn before it
+
+
+def test_report_interrupted_while_drawing_leaves_no_part_of_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from recpipe.querygen import plots
+
+    a = _write(tmp_path, "a.json", _run_doc(BASE, 1))
+    b = _write(tmp_path, "b.json", _run_doc(FAST, 2))
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "notes.txt").write_text("the user's")
+
+    def ctrl_c(*args: object) -> None:  # Ctrl-C while the third chart is drawn, the first two drawn
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(plots, "latency_cdf_figure", ctrl_c)
+    assert main(["report", a, b, "--out", str(out)]) == 130
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]  # no charts without report.md, no temporaries
+    monkeypatch.undo()
+    assert main(["report", a, b, "--out", str(out)]) == 0  # and the rerun needs no --force
+    assert sorted(p.name for p in out.iterdir()) == ["comparison.png", "latency_cdf.png", "notes.txt", "report.md",
+                                                     "stages.png"]
+
+
+def test_report_interrupted_leaves_no_directory_it_created(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from recpipe.querygen import plots
+
+    a = _write(tmp_path, "a.json", _run_doc(BASE, 1))
+
+    def ctrl_c(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(plots, "stage_bars_figure", ctrl_c)
+    assert main(["report", a, "--out", str(tmp_path / "new" / "r")]) == 130
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json"]
+
+
+def test_characterization_report_interrupted_while_drawing_leaves_no_part_of_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from recpipe.characterize import compare as char_compare
+
+    bench = Path(__file__).resolve().parents[2] / "benchmarks"
+    pair = [str(bench / n) for n in ("h200-cuda-03a97ac", "h200-cpu-03a97ac")]
+    out = tmp_path / "r"
+    out.mkdir()
+
+    def ctrl_c(*args: object) -> None:  # after curves.png was drawn
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(char_compare, "stages_figure", ctrl_c)
+    assert main(["report", *pair, "--out", str(out)]) == 130
+    assert list(out.iterdir()) == []
+    monkeypatch.undo()
+    capsys.readouterr()
+    assert main(["report", *pair, "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["curves.png", "report.md", "stages.png"]
+    assert (out / "report.md").read_text(encoding="utf-8") == capsys.readouterr().out
+
+
+def test_stage_devices_are_listed_in_chain_order_whatever_order_the_run_recorded() -> None:
+    a, b = _run_doc(BASE, 1), _run_doc(FAST, 2)
+    a["pipeline"] = {name: {"device": f"{name}-dev"} for name in ("gateway", "ranking", "features", "retrieval")}
+    b["pipeline"] = {name: {"device": f"{name}-dev"} for name in ("retrieval", "gateway", "features", "ranking")}
+    row = next(line for line in compare.markdown([("A", a), ("B", b)]).splitlines()
+               if line.startswith("| stage devices |"))
+    chain = "features: features-dev, retrieval: retrieval-dev, ranking: ranking-dev, gateway: gateway-dev"
+    assert row == f"| stage devices | {chain} | {chain} |"
