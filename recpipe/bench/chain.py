@@ -15,9 +15,8 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-from recpipe.bench._args import require_dirs
-from recpipe.config import DEFAULT_DATA_DIR, DEFAULT_MODELS_DIR, STEPS, TOTAL_STEP
-from recpipe.errors import UsageError
+from recpipe.bench._args import at_least, check_out, require_dirs, within
+from recpipe.config import DEFAULT_DATA_DIR, DEFAULT_MODELS_DIR, MAX_NUM_CANDIDATES, STEPS, TOTAL_STEP
 from recpipe.files import write_atomic
 
 T = TypeVar("T")
@@ -42,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "answers equal the in-process chain's when it ranks in fp32: --ranking-precision fp32)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON here")
+    parser.add_argument("--force", action="store_true", help="replace an existing --out file")
 
 
 def run_now(coro: Coroutine[Any, Any, T]) -> T:
@@ -55,9 +55,13 @@ def run_now(coro: Coroutine[Any, Any, T]) -> T:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.queries < 1 or args.warmup < 0:
-        raise UsageError("--queries must be >= 1 and --warmup >= 0")
+    at_least(1, ("--queries", args.queries))
+    at_least(0, ("--warmup", args.warmup), ("--threads", args.threads), ("--workers", args.workers),
+             ("--seed", args.seed))
+    within(1, MAX_NUM_CANDIDATES, ("--num-candidates", args.num_candidates))
+    within(1, args.num_candidates, ("--num-results", args.num_results))
     require_dirs(("--models", args.models), ("--data", args.data))
+    check_out("--out", args.out, args.force)  # before the run, not after it
     import numpy as np
 
     from recpipe.client import RecommendClient
@@ -154,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
                   "threads": args.threads, "workers": args.workers, "stages": rows, "disagreements": disagree, "overhead_p50_us": overhead,
                   "end_to_end": {"grpc_p50_us": g_e2e.p50, "grpc_p99_us": g_e2e.p99,
                                  "inprocess_p50_us": l_e2e.p50, "inprocess_p99_us": l_e2e.p99, "ratio_p50": ratio}}
-        write_atomic(args.out, json.dumps(report, indent=2) + "\n", force=True)  # --out has always replaced
+        write_atomic(args.out, json.dumps(report, indent=2) + "\n", force=args.force)
     return 0
 
 

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from recpipe.bench._args import above, at_least, require_dirs
 from recpipe.config import DEFAULT_DATA_DIR, DEFAULT_MODELS_DIR
 from recpipe.errors import UsageError
 from recpipe.stages import REGISTRY
@@ -138,11 +139,10 @@ def run(args: argparse.Namespace) -> int:
     unknown = sorted(set(stages) - set(STAGES))
     if not stages or unknown:
         raise UsageError(f"--stage: choose from {', '.join(STAGES)} (got {args.stage!r})")
-    if args.repeats < 1 or args.poll_ms <= 0 or args.timeout <= 0 or args.threads < 0:
-        raise UsageError("--repeats must be >= 1, --poll-ms and --timeout > 0, --threads >= 0")
-    for path, what in ((args.models, "--models"), (args.data, "--data")):
-        if not Path(path).is_dir():
-            raise UsageError(f"{what} {path}: no such directory")
+    at_least(1, ("--repeats", args.repeats))
+    above(0, ("--poll-ms", args.poll_ms), ("--timeout", args.timeout))
+    at_least(0, ("--threads", args.threads))
+    require_dirs(("--models", args.models), ("--data", args.data))
     if args.source is not None and not (args.source / "recpipe" / "__init__.py").is_file():
         raise UsageError(f"--source {args.source}: not a recpipe source tree (no recpipe/__init__.py)")
     import numpy as np

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from recpipe.errors import UsageError
+from recpipe.files import check_creatable
 
 FORMS = ("naive", "synth-data")
 
@@ -78,13 +79,17 @@ def _run_child(form: str, scale: float, tmp: Path) -> tuple[float, float, float]
 
 
 def run(args: argparse.Namespace) -> int:
-    if not args.scale > 0 or args.scale > 100:
+    if not 0 < args.scale <= 100:
         raise UsageError(f"--scale must be in (0, 100], got {args.scale}")
     if args.repeat < 1:
         raise UsageError(f"--repeat must be >= 1, got {args.repeat}")
     tmp = Path(args.tmp) if args.tmp else Path(tempfile.gettempdir())
     if not tmp.is_dir():
         raise UsageError(f"--tmp {tmp} is not a directory")
+    try:
+        check_creatable(tmp)  # now, not once the first round has run
+    except UsageError as e:
+        raise UsageError(f"--tmp: {e}") from None
     results: dict[str, list[tuple[float, float, float]]] = {f: [] for f in FORMS}
     for _ in range(args.repeat):
         for form in FORMS:

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from recpipe.bench._args import require_dirs
+from recpipe.bench._args import at_least, require_dirs
 from recpipe.config import DEFAULT_DATA_DIR, DEFAULT_MODELS_DIR, DEFAULT_NUM_CANDIDATES
-from recpipe.errors import UsageError
 from recpipe.types import ItemFeatures, UserFeatures
 
 
@@ -28,8 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.queries < 1 or args.warmup < 0 or args.items < 1:
-        raise UsageError("--queries and --items must be >= 1, --warmup >= 0")
+    at_least(1, ("--queries", args.queries), ("--items", args.items))
+    at_least(0, ("--warmup", args.warmup), ("--seed", args.seed))
     require_dirs(("--models", args.models), ("--data", args.data))
     import polars as pl
 

@@ -26,9 +26,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from recpipe.bench._args import require_dirs
-from recpipe.config import DEFAULT_DATA_DIR, DEFAULT_HOST, DEFAULT_MODELS_DIR
+from recpipe.bench._args import above, check_out, require_dirs, within
+from recpipe.config import DEFAULT_DATA_DIR, DEFAULT_HOST, DEFAULT_MODELS_DIR, MAX_NUM_CANDIDATES
 from recpipe.errors import RecpipeError, UsageError
+from recpipe.serving.launch import threads_arg
 
 COUNTS = (1, 2, 3, 17, 500, 10_000)
 #: what the serve log says when the supervisor restarts or kills a stage
@@ -54,25 +55,39 @@ def run(args: argparse.Namespace) -> int:
         counts = [int(c) for c in args.counts.split(",") if c.strip()]
     except ValueError:
         raise UsageError(f"--counts must be integers, comma-separated, got {args.counts!r}") from None
-    if not counts or min(counts) < 1:
-        raise UsageError("--counts must name at least one count, each >= 1")
+    if not counts:
+        raise UsageError("--counts must name at least one count")
+    within(1, MAX_NUM_CANDIDATES, *(("--counts", c) for c in counts))
+    above(0, ("--timeout", args.timeout))
+    try:
+        threads_arg(args.threads)
+    except argparse.ArgumentTypeError as e:
+        raise UsageError(f"--threads {e}") from None
     from recpipe.ranking import precision as precisions
 
     if args.precisions:
-        forms = [precisions.check(f.strip()) for f in args.precisions.split(",") if f.strip()]
+        forms = [f.strip() for f in args.precisions.split(",") if f.strip()]
+        if not forms or any(f not in precisions.PRECISIONS for f in forms):
+            raise UsageError(f"--precisions takes forms of {'|'.join(precisions.PRECISIONS)}, comma-separated, "
+                             f"got {args.precisions!r}")
     else:
         import torch
 
         forms = list(precisions.available(torch.device("cpu")))
-    from recpipe.files import check_writable, write_atomic
+    from recpipe.files import write_atomic
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    results_file = check_writable(args.out / "firstcall.json", args.force)  # before minutes of work
-    for form in forms:
-        check_writable(args.out / f"serve-{form}.log", args.force)
+    if args.out.exists() and not args.out.is_dir():
+        raise UsageError(f"--out {args.out} is not a directory")
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--out {args.out}: cannot create it ({e.strerror})") from None
+    results_file = args.out / "firstcall.json"
+    for path in (results_file, *(args.out / f"serve-{form}.log" for form in forms)):  # before minutes of work
+        check_out("--out", path, args.force)
     results = [_one_chain(args, form, counts) for form in forms]
     _print(results)
-    write_atomic(results_file, json.dumps(results, indent=2) + "\n", force=True)
+    write_atomic(results_file, json.dumps(results, indent=2) + "\n", force=args.force)
     return 0
 
 

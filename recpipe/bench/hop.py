@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 
 from recpipe import schema
+from recpipe.bench._args import at_least, within
+from recpipe.config import MAX_NUM_CANDIDATES
 from recpipe.errors import UsageError
 from recpipe.percentiles import percentile, percentiles
 
@@ -101,10 +103,14 @@ def _serve(ports: Any, reply_bytes: int, max_batch: int, workers: int) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.calls < 10 or args.warmup < 0 or not 1 <= args.candidates <= 10_000 or args.max_batch < 1:
-        raise UsageError("--calls must be >= 10, --warmup >= 0, --candidates 1..10000, --max-batch >= 1")
-    if args.idle_calls < 0 or (args.idle_calls and args.idle_calls < 10) or not 0 < args.idle_ms <= 1000:
-        raise UsageError("--idle-calls must be 0 or >= 10, --idle-ms in (0, 1000]")
+    at_least(10, ("--calls", args.calls))
+    at_least(0, ("--warmup", args.warmup), ("--workers", args.workers))
+    within(1, MAX_NUM_CANDIDATES, ("--candidates", args.candidates))
+    at_least(1, ("--max-batch", args.max_batch))
+    if args.idle_calls != 0 and args.idle_calls < 10:
+        raise UsageError(f"--idle-calls must be 0 or >= 10, got {args.idle_calls}")
+    if not 0 < args.idle_ms <= 1000:
+        raise UsageError(f"--idle-ms must be in (0, 1000], got {args.idle_ms}")
     from recpipe.serving import codec
     from recpipe.v1 import ranking_pb2
 

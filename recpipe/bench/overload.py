@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from recpipe.bench._args import require_dirs
-from recpipe.config import DEFAULT_DATA_DIR, DEFAULT_MODELS_DIR
+from recpipe.bench._args import above, at_least, check_out, require_dirs, within
+from recpipe.config import DEFAULT_DATA_DIR, DEFAULT_MODELS_DIR, MAX_NUM_CANDIDATES
 from recpipe.errors import UsageError
 from recpipe.files import write_atomic
 from recpipe.gateway.options import DEFAULT_MAX_IN_FLIGHT
@@ -68,6 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=1, help="stage --workers (1: core calls on a thread)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON here")
+    parser.add_argument("--force", action="store_true", help="replace an existing --out file")
     parser.add_argument("--sustained", type=float, default=None,
                         help="the rate (q/s) the chain sustains with p99 within the deadline (from `recpipe "
                              "querygen --slo-p99-ms`): the overload's goodput is compared with it")
@@ -83,20 +84,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.rate <= 0 or args.factor < 1 or min(args.base_s, args.overload_s, args.recovery_s) <= 0:
-        raise UsageError("--rate and the phase durations must be > 0, --factor >= 1")
+    above(0, ("--rate", args.rate), ("--base-s", args.base_s), ("--overload-s", args.overload_s),
+          ("--recovery-s", args.recovery_s), ("--timeout", args.timeout), ("--outage-s", args.outage_s))
+    at_least(1, ("--factor", args.factor))
+    if args.sustained is not None:
+        above(0, ("--sustained", args.sustained))
+    within(1, MAX_NUM_CANDIDATES, ("--num-candidates", args.num_candidates))
+    at_least(0, ("--threads", args.threads), ("--workers", args.workers), ("--seed", args.seed))
     from recpipe.config import DEFAULT_HOST
+    from recpipe.gateway.options import GatewayOptions
+    from recpipe.serving.batcher import BatchConfig
     from recpipe.serving.launch import allocate_ports, supervised_stages
     from recpipe.serving.supervisor import Supervisor
 
+    BatchConfig(max_batch=args.max_batch, max_queue=args.max_queue)  # the stages' own checks (UsageError)
+    GatewayOptions(max_in_flight=args.max_in_flight)
     fault = ("kill", args.kill) if args.kill else ("freeze", args.freeze) if args.freeze else None
     if fault is not None and args.target is not None:
         raise UsageError(f"--{fault[0]} needs the stages this bench starts (not --target)")
+    if args.target is None:
+        require_dirs(("--models", args.models), ("--data", args.data))
+    check_out("--out", args.out, args.force)  # before the run, not after it
 
     supervisor = None
     target = args.target
     if target is None:
-        require_dirs(("--models", args.models), ("--data", args.data))
         ports = allocate_ports(REGISTRY, DEFAULT_HOST, 0, -1)
         extra = ["--max-batch", str(args.max_batch), "--max-queue", str(args.max_queue),
                  "--max-in-flight", str(args.max_in_flight)]
@@ -118,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
             supervisor.stop()
     (_print_outage if fault is not None else _print)(args, report)
     if args.out is not None:
-        write_atomic(args.out, json.dumps(report, indent=2) + "\n", force=True)
+        write_atomic(args.out, json.dumps(report, indent=2) + "\n", force=args.force)
     return 0
 
 

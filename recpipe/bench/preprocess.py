@@ -19,9 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from recpipe.bench._args import require_dirs
+from recpipe.bench._args import at_least, check_out, require_dirs
 from recpipe.config import DEFAULT_DATA_DIR
-from recpipe.errors import UsageError
 from recpipe.files import write_atomic
 
 
@@ -32,14 +31,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeat", type=int, default=1, help="rounds of (Polars, NVTabular) (default 1)")
     parser.add_argument("--max-vocab", type=int, default=50_000)
     parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON here")
+    parser.add_argument("--force", action="store_true", help="replace an existing --out file")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.repeat < 1:
-        raise UsageError(f"--repeat must be >= 1, got {args.repeat}")
-    if args.max_vocab < 2:
-        raise UsageError(f"--max-vocab must be >= 2, got {args.max_vocab}")
+    at_least(1, ("--repeat", args.repeat))
+    at_least(2, ("--max-vocab", args.max_vocab))
     require_dirs(("--data", args.data))
+    check_out("--out", args.out, args.force)  # before the run, not after it
     import numpy as np
     import polars as pl
 
@@ -103,5 +102,5 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None:
         doc = {"data": str(args.data), "repeat": args.repeat, "nvtabular": version, "median_seconds": med,
                "samples": rows, "same_vocabularies": same_vocab, "max_stat_difference": stat_diff}
-        write_atomic(args.out, json.dumps(doc, indent=2) + "\n", force=True)  # --out has always replaced
+        write_atomic(args.out, json.dumps(doc, indent=2) + "\n", force=args.force)
     return 0 if same_vocab else 1

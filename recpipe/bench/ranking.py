@@ -41,8 +41,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from recpipe.bench._args import require_dirs
-from recpipe.config import DEFAULT_DATA_DIR, DEFAULT_MODELS_DIR, DEFAULT_NUM_CANDIDATES
+from recpipe.bench._args import at_least, require_dirs, within
+from recpipe.config import DEFAULT_DATA_DIR, DEFAULT_MODELS_DIR, DEFAULT_NUM_CANDIDATES, MAX_NUM_CANDIDATES
 from recpipe.errors import UsageError
 
 #: calls of one form in a row before the next form's (``measure_interleaved``)
@@ -68,10 +68,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.batch < 1 or args.calls < 1 or args.warmup < 0 or args.threads < 0 or args.requests < 1:
-        raise UsageError("--batch, --calls and --requests must be >= 1, --warmup and --threads >= 0")
+    within(1, MAX_NUM_CANDIDATES, ("--batch", args.batch))
+    at_least(1, ("--calls", args.calls), ("--requests", args.requests))
+    at_least(0, ("--warmup", args.warmup), ("--threads", args.threads), ("--seed", args.seed))
     if not 0 <= args.idle_ms <= 1000:
-        raise UsageError("--idle-ms must be in [0, 1000]")
+        raise UsageError(f"--idle-ms must be in [0, 1000], got {args.idle_ms}")
     require_dirs(("--models", args.models), ("--data", args.data))
     from recpipe.serving import threads
 

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from recpipe.bench._args import require_dirs
-from recpipe.config import DEFAULT_DATA_DIR, DEFAULT_MODELS_DIR
+from recpipe.bench._args import at_least, require_dirs, within
+from recpipe.config import DEFAULT_DATA_DIR, DEFAULT_MODELS_DIR, MAX_NUM_CANDIDATES
 from recpipe.errors import UsageError
 from recpipe.retrieval.options import RetrievalOptions
 
@@ -51,8 +51,11 @@ def _parse(args: argparse.Namespace) -> tuple[list[int], list[str]]:
         ks = [int(x) for x in str(args.k).split(",") if x.strip()]
     except ValueError:
         raise UsageError(f"--k must be integers separated by commas, got {args.k!r}") from None
-    if not ks or min(ks) < 1 or args.queries < 1 or args.warmup < 0 or args.threads < 0 or args.tune_queries < 1:
-        raise UsageError("--k, --queries and --tune-queries must be >= 1, --warmup and --threads >= 0")
+    if not ks:
+        raise UsageError("--k must name at least one k")
+    within(1, MAX_NUM_CANDIDATES, *(("--k", k) for k in ks))
+    at_least(1, ("--queries", args.queries), ("--tune-queries", args.tune_queries))
+    at_least(0, ("--warmup", args.warmup), ("--threads", args.threads), ("--seed", args.seed))
     RetrievalOptions(rescore=args.rescore)  # its own check (UsageError)
     if not 0 < args.target <= 1:
         raise UsageError(f"--target must be in (0, 1], got {args.target}")
@@ -62,7 +65,12 @@ def _parse(args: argparse.Namespace) -> tuple[list[int], list[str]]:
     if unknown:
         raise UsageError(f"--kinds: unknown {', '.join(unknown)}; choose from {', '.join(KINDS)}, all or none")
     require_dirs(("--models", args.models), ("--data", args.data))
-    return ks, kinds
+    from recpipe.repository import Repository
+
+    num_items = int(Repository.open(args.models).section("shapes")["num_items"])
+    if max(ks) > num_items:
+        raise UsageError(f"--k must be at most the index's {num_items} items, got {max(ks)}")
+    return sorted(set(ks)), kinds
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,7 +92,6 @@ def run(args: argparse.Namespace) -> int:
     emb = retrieval.item_embeddings()
     flat = faiss.IndexFlatIP(emb.shape[1])
     flat.add(emb)
-    ks = sorted({min(k, features.num_items) for k in ks})
     rng = np.random.default_rng(args.seed)
     drawn = rng.integers(0, features.num_users, args.queries + args.warmup + args.tune_queries)
     users = [features.augment_user(int(u)) for u in drawn]

@@ -19,10 +19,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from recpipe.bench._args import at_least
 from recpipe.config import DEFAULT_NUM_CANDIDATES, DEFAULT_NUM_RESULTS
-from recpipe.errors import UsageError
+from recpipe.errors import ArtifactMismatch, UsageError
 from recpipe.serving.affinity import AFFINITY_HELP, affinity_arg
-from recpipe.serving.launch import REPLICAS_HELP, THREADS_HELP, replicas_arg, threads_arg
+from recpipe.serving.launch import REPLICAS_HELP, THREADS_HELP, replicas_arg, resolve_replicas, threads_arg
+from recpipe.stages import REGISTRY
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,16 +72,16 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--epochs must be >= 1, got {args.epochs}")
     if not args.budget_s > 0:
         raise UsageError(f"--budget-s must be > 0, got {args.budget_s:g}")
-    if args.num_candidates < 1 or args.num_results < 1 or args.workers < 0:
-        raise UsageError("--num-candidates and --num-results must be >= 1, --workers >= 0")
+    at_least(1, ("--num-candidates", args.num_candidates), ("--num-results", args.num_results))
+    at_least(0, ("--workers", args.workers), ("--seed", args.seed))
     processes = parse_processes(args.generator_processes, "--generator-processes")
     sizes = _sizes(QUICK if args.quick else FULL, args)  # its checks before anything is written
+    resolve_replicas(REGISTRY, args.replicas, args.device)  # the stage names too, as `recpipe serve` checks them
+    _check_serve_args(args.serve_arg, args.device)
     out: Path = args.out
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is not a directory")
-    for path, flag in ((args.data, "--data"), (args.models, "--models")):
-        if path is not None and not (path / "manifest.json").is_file():
-            raise UsageError(f"{flag} {path}: no manifest.json there")
+    _check_data_and_models(args.data, args.models)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -112,6 +114,42 @@ def run(args: argparse.Namespace) -> int:
     say(f"report: {out / 'report' / report.MARKDOWN} and {len(drawn)} charts")
     print(report.summary(doc))
     return 0
+
+
+def _check_serve_args(serve_args: list[str], device: str) -> None:
+    """What a stage's ``recpipe serve`` would refuse of ``--serve-arg``, refused now: its own parser and checks."""
+    from recpipe.cli import build_parser
+    from recpipe.serving.batcher import BatchConfig
+
+    if not serve_args:
+        return
+    if {"-h", "--help"} & set(serve_args):  # the parser would print serve's help and exit
+        raise UsageError("--serve-arg --help: a stage cannot run with it (see `recpipe serve --help`)")
+    try:
+        ns = build_parser().parse_args(["serve", "--stage", REGISTRY.entry.name, "--device", device, *serve_args])
+        BatchConfig.from_namespace(ns)
+        for options in REGISTRY.options(ns).values():
+            options.check_machine(device)
+    except UsageError as e:
+        raise UsageError(f"--serve-arg {' '.join(serve_args)}: {e}") from None
+
+
+def _check_data_and_models(data: Path | None, models: Path | None) -> None:
+    """--data must be a dataset, --models a model repository trained on it (``UsageError`` naming the flag)."""
+    from recpipe.datagen import load_manifest
+    from recpipe.repository import Repository
+
+    try:
+        for flag, path, check in (("--data", data, load_manifest), ("--models", models, Repository.open)):
+            if path is not None:
+                if not (path / "manifest.json").is_file():
+                    raise UsageError(f"{flag} {path}: no manifest.json there")
+                check(path)
+        if data is not None and models is not None:
+            flag = "--data and --models"
+            Repository.open(models).check_dataset(data)
+    except ArtifactMismatch as e:
+        raise UsageError(f"{flag}: {e}") from None
 
 
 def _sizes(base: Any, args: argparse.Namespace) -> Any:
