@@ -55,9 +55,9 @@ def run(args: argparse.Namespace) -> int:
         text = compare.markdown(runs, charts=names[1:], unlike=unlike)
         # drawn in memory, then written as one set: Ctrl-C while drawing leaves no charts without report.md
         write_files({out / "comparison.png": plots.png(plots.comparison_bars_figure(runs)),
-                            out / "stages.png": plots.png(plots.stage_bars_figure(runs)),
-                            out / "latency_cdf.png": plots.png(plots.latency_cdf_figure(runs)),
-                            out / "report.md": text}, args.force)
+                     out / "stages.png": plots.png(plots.stage_bars_figure(runs)),
+                     out / "latency_cdf.png": plots.png(plots.latency_cdf_figure(runs)),
+                     out / "report.md": text}, args.force)
     print(text, end="")
     return 0
 

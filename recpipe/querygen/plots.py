@@ -139,11 +139,6 @@ def _split(doc: dict[str, Any], stage: str) -> bool:
     return bool(((doc["stages"][stage].get("batch_size") or {}).get("count") or 0) > 0)
 
 
-def stage_bars(runs: Labelled, path: Path, force: bool = False) -> Path:
-    """Draw ``stage_bars_figure(runs)`` into ``path``."""
-    return _save(stage_bars_figure(runs), path, force)
-
-
 def stage_bars_figure(runs: Labelled) -> Any:
     """Stacked per-stage latency bars at p50 and p99 for each run, stages bottom-up in chain order.
 
@@ -239,11 +234,6 @@ def supported_cdf(doc: dict[str, Any]) -> tuple[list[tuple[float, float]], float
     return points, cut
 
 
-def latency_cdf(runs: Labelled, path: Path, force: bool = False) -> Path:
-    """Draw ``latency_cdf_figure(runs)`` into ``path``."""
-    return _save(latency_cdf_figure(runs), path, force)
-
-
 def latency_cdf_figure(runs: Labelled) -> Any:
     """End-to-end latency CDF (left) and the same data as a tail plot (right: x = percentile on a
     1/(1-p) log scale, so p99 and p99.9 get as much room as p50 and p90). Percentiles beyond what a
@@ -289,11 +279,6 @@ def latency_cdf_figure(runs: Labelled) -> Any:
             a.legend(fontsize=8, loc="lower right" if a is ax else "upper left")
     _title(fig, "End-to-end latency", runs)
     return fig
-
-
-def slo_curve(runs: Labelled, path: Path, force: bool = False) -> Path:
-    """Draw ``slo_curve_figure(runs)`` into ``path``."""
-    return _save(slo_curve_figure(runs), path, force)
 
 
 def slo_curve_figure(runs: Labelled) -> Any:
@@ -353,11 +338,6 @@ def write_run_plots(doc: dict[str, Any], out_dir: str | Path, force: bool = Fals
     """The charts of one run into ``out_dir`` (created if missing), all or none of them."""
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     return write_files(run_plots(doc, out_dir), force)
-
-
-def comparison_bars(runs: Labelled, path: Path, force: bool = False, speedups: bool = True) -> Path:
-    """Draw ``comparison_bars_figure(runs, speedups)`` into ``path``."""
-    return _save(comparison_bars_figure(runs, speedups), path, force)
 
 
 def comparison_bars_figure(runs: Labelled, speedups: bool = True) -> Any:
