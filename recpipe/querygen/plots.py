@@ -266,7 +266,8 @@ def latency_cdf_figure(runs: Labelled) -> Any:
     ticks = [t for t in TAIL_TICKS if t <= max_tail + 1e-9]
     tail.set_xscale("log")
     tail.set_xticks([1 / (1 - t / 100) for t in ticks], [f"p{t:g}" for t in ticks])
-    tail.set_xlim(1 / (1 - 0 / 100) * 0.9, 1 / (1 - max(ticks) / 100) * 1.1)
+    # to the last point plotted, not the last tick: a run that supports p99.5 drew past a p99 edge
+    tail.set_xlim(0.9, 1 / (1 - min(max(max_tail, max(ticks)), 99.99) / 100) * 1.1)
     from matplotlib.ticker import NullLocator
 
     tail.xaxis.set_minor_locator(NullLocator())
@@ -362,7 +363,7 @@ def comparison_bars_figure(runs: Labelled, speedups: bool = True) -> Any:
                     b = (base["end_to_end"] if row == "end_to_end" else base["stages"][row])[key] / 1000
                     r = speedup(b * 1000, v * 1000)
                     if r is not None:
-                        ax.text(x, v, f"{r:.2f}x", ha="center", va="bottom", fontsize=7)
+                        ax.text(x, v, f"{r:.2f}x", ha="center", va="bottom", fontsize=9)
         ax.set_xticks(range(len(ROWS)), [r.replace("_", " ") for r in ROWS], fontsize=8)
         ax.set_xlabel("stage (chain order), then end to end")
         ax.set_ylabel(f"{key.removesuffix('_us')} latency (ms)")
