@@ -31,6 +31,7 @@ import argparse
 import ipaddress
 import math
 import re
+import socket
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -250,6 +251,42 @@ def resolve_threads(registry: Registry, flag: int | None,
     chosen = ", ".join(f"{name} {t}" + (f" x{n[name]} processes" if n.get(name, 1) > 1 else "")
                        for name, t in shares.items() if t)
     return shares, f"threads: auto on {cores} core{'s' * (cores != 1)}: {chosen} (by each stage's cost; --threads N to set)"
+
+
+def busy_port(processes: Sequence[StageProcess], host: str) -> tuple[str, int] | None:
+    """The first (process, port) of the chain's gRPC and metrics ports that another server holds on
+    ``host`` now, else None. Checked before anything starts: a stage that cannot listen dies, but the
+    supervisor's health probe on that address would meet the other server, take it for its own stage
+    and restart it from its standby forever (a second ``serve`` on a busy port did, and said it served)."""
+    for p in processes:
+        ports = [_port_of(p.address), p.metrics_port]
+        if p.target != p.address and not p.target.startswith(("ipv4:", "ipv6:")):
+            ports.append(_port_of(p.target))  # replicas behind one shared port
+        for port in ports:
+            if port and not _bindable(host, port):
+                return p.name, port
+    return None
+
+
+def _port_of(address: str) -> int:
+    return int(address.rpartition(":")[2])
+
+
+def _bindable(host: str, port: int) -> bool:
+    """Whether a listening socket on ``host:port`` could be bound now (as the stages bind theirs:
+    SO_REUSEADDR, so a closed connection's TIME_WAIT does not count; no SO_REUSEPORT)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except OSError:
+        return True  # an address the stage itself will refuse, with its own message
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(address)
+        except OSError:
+            return False
+    return True
 
 
 def connect_host(host: str) -> str:

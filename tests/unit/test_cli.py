@@ -100,3 +100,26 @@ def test_building_the_parser_imports_no_compute_library():
             "print(sorted(m for m in ('polars', 'torch', 'faiss') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_serve_refuses_a_busy_port_before_any_stage_starts(tmp_path, capsys) -> None:
+    """A second chain on a busy port would die stage by stage while its supervisor's health probe, meeting
+    the first chain there, took it for SERVING and restarted it from standby forever."""
+    import socket
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "d").mkdir()
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        base = ["serve", "--models", str(tmp_path / "m"), "--data", str(tmp_path / "d"), "--warm-standby"]
+        assert main([*base, "--port", str(port), "--metrics-port", "-1"]) == 2
+        assert capsys.readouterr().err == (f"recpipe: error: 127.0.0.1:{port} (gateway) is in use: another recpipe "
+                                           "serve? Stop it, or choose another --port (or --metrics-port)\n")
+        free = socket.socket()
+        free.bind(("127.0.0.1", 0))
+        other = free.getsockname()[1]
+        free.close()
+        assert main([*base, "--port", str(other), "--metrics-port", str(port)]) == 2  # the gateway's metrics
+        assert f"127.0.0.1:{port} (gateway) is in use" in capsys.readouterr().err
