@@ -103,8 +103,11 @@ class Batched(Generic[R]):
     batch_size: int
 
 
-@dataclass
+@dataclass(eq=False, repr=False)
 class _Pending(Generic[Q, R]):
+    """A queued request, compared by identity and shown without its query (``recpipe.gateway.hops._Call``
+    says why: ``deque.remove`` compares, and prints what it did not find)."""
+
     query: Q
     future: asyncio.Future[Batched[R]]
     deadline: float | None  # time.monotonic() instant
