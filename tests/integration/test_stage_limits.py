@@ -1,8 +1,9 @@
-"""The limits of a batch or stream message on real gRPC servers over toy stage cores: a message over
+"""What a stage takes in, on real gRPC servers over toy stage cores: a batch or stream message over
 ``MAX_BATCH_ENTRIES`` entries or ``MAX_BATCH_ROWS`` rows is refused before any work and the stage keeps
 serving (90,000 entries in one AugmentUserBatch held a stage's loop until its supervisor killed it), an
-entry whose deadline passes while its batch computes is answered DEADLINE_EXCEEDED (not OK, late), and a
-negative ``timeout_us`` fails its entry alone."""
+entry whose deadline passes while its batch computes is answered DEADLINE_EXCEEDED (not OK, late), a
+negative ``timeout_us`` fails its entry alone, and calls that pile up while the loop is busy reach the
+stage instead of being cancelled by gRPC."""
 
 from __future__ import annotations
 
@@ -134,3 +135,39 @@ def test_an_entry_whose_deadline_passes_while_its_batch_computes_is_answered_dea
             assert stub.Rank(_rank_request(), timeout=10).scores.shape == [4]
     finally:
         servers.stop(server)
+
+
+def test_calls_that_pile_up_while_the_loop_is_busy_reach_the_stage_not_cancelled_by_grpc(servers, world) -> None:
+    """2,000 calls arriving while the server's event loop is held for a second: each gets its answer or
+    the stage's own refusal, none CANCELLED by gRPC's pending-call limit before the stage saw it."""
+    import asyncio
+    import collections
+    import time
+
+    from grpc import aio
+
+    server = servers.start(FeatureStage(lambda: ToyFeatureCore(world)))
+
+    async def burst() -> collections.Counter[str]:
+        async with aio.insecure_channel(server.address) as channel:
+            stub = features_pb2_grpc.FeatureServiceStub(channel)
+            await stub.AugmentUser(features_pb2.AugmentUserRequest(user_id=1), timeout=10)
+
+            async def call(i: int) -> str:
+                try:
+                    await stub.AugmentUser(features_pb2.AugmentUserRequest(user_id=i % 60), timeout=30)
+                    return "OK"
+                except aio.AioRpcError as e:
+                    return e.code().name
+
+            tasks = [asyncio.ensure_future(call(i)) for i in range(2000)]
+            await asyncio.sleep(0.05)
+            servers.loop.call_soon_threadsafe(time.sleep, 1.0)  # the stage's loop busy while they arrive
+            return collections.Counter(await asyncio.gather(*tasks))
+
+    try:
+        codes = asyncio.run(burst())
+    finally:
+        servers.stop(server)
+    assert "CANCELLED" not in codes, codes
+    assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED"} and codes["OK"] > 0, codes
