@@ -121,10 +121,11 @@ def _characterizations(args: argparse.Namespace) -> int:
 
 def _unlike(labels: list[str], docs: list[dict[str, Any]],
             differences: Callable[[dict[str, Any], dict[str, Any]], list[str]]) -> list[str]:
-    """"B vs A: what differs" for every document measured differently from the first."""
+    """"A vs B: what differs" (A's value first, as ``differences`` gives them) for every document
+    measured differently from the first, A."""
     unlike = []
     for label, doc in zip(labels[1:], docs[1:], strict=True):
         diff = differences(docs[0], doc)
         if diff:
-            unlike.append(f"{label} vs {labels[0]}: {', '.join(diff)}")
+            unlike.append(f"{labels[0]} vs {label}: {', '.join(diff)}")
     return unlike

@@ -168,7 +168,7 @@ def test_characterize_quick_resumes_reports_and_compares(
     assert "num_candidates 500 vs 50" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "ac").exists()
     assert main(["report", str(a), str(c), "--out", str(tmp_path / "ac"), "--force"]) == 0
-    assert "warning: settings differ: c vs a: num_candidates 500 vs 50" in capsys.readouterr().err
+    assert "warning: settings differ: a vs c: num_candidates 500 vs 50" in capsys.readouterr().err  # a's first
     assert "_sequential: not in c; not compared._" in (tmp_path / "ac" / "report.md").read_text()
 
 
