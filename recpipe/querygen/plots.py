@@ -89,7 +89,8 @@ def plain_log_axis(ax: Any, which: str, lo: float, hi: float, extra: Iterable[fl
     axis.set_major_locator(FixedLocator(ticks))
     axis.set_major_formatter(FuncFormatter(lambda v, _pos: _plain(v)))
     axis.set_minor_locator(NullLocator())
-    (ax.set_xlim if which == "x" else ax.set_ylim)(ticks[0], ticks[-1])
+    # a margin beyond the data where a tick ends right at it: a point at 99.6 sat on a frame at 100
+    (ax.set_xlim if which == "x" else ax.set_ylim)(min(ticks[0], lo / 1.08), max(ticks[-1], hi * 1.08))
     return ticks
 
 
@@ -210,7 +211,11 @@ def stage_bars_figure(runs: Labelled) -> Any:
 
         handles.append(Patch(facecolor="#888888", edgecolor="white", hatch="///"))
         names.append("hatched: queued in the stage's batcher\n(rest of the segment: compute + transport)")
-    ax.legend(handles, names, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    legend = ax.legend(handles, names, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    # said on the chart, not only here: a p99 stack taller than its end-to-end line reads as a bug
+    ax.annotate("each segment is its stage's own percentile:\nthey need not add up to end to end's\n"
+                "(a query slow at one stage is rarely\nslow at all of them)", xy=(0, 0), xycoords=legend,
+                xytext=(0, -8), textcoords="offset points", ha="left", va="top", fontsize=8, color="#444444")
     if unsupported:
         fig.text(0.01, -0.02, "* not supported by the sample, drawn faded: " + "; ".join(unsupported),
                  fontsize=7, ha="left", va="top")
