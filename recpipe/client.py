@@ -72,8 +72,9 @@ class RecommendClient:
         code = e.code()  # type: ignore[attr-defined]
         details = e.details() or code.name  # type: ignore[attr-defined]
         if code == grpc.StatusCode.UNAVAILABLE and "unavailable at" not in details:
-            return error_for(code, f"cannot reach the gateway at {self.target} (gave up after {waited_s:.2f} s): "
-                                   f"{details}")
+            last = details.rpartition("last error: ")[2]  # gRPC's "failed to connect to all addresses; ..."
+            return error_for(code, f"cannot reach the gateway at {self.target} (gave up after {waited_s:.2f} s: "
+                                   f"{last}); is `recpipe serve` running there?")
         return error_for(code, details)
 
     def close(self) -> None:

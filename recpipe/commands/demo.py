@@ -20,8 +20,8 @@ from recpipe.serving.launch import REPLICAS_HELP, THREADS_HELP, replicas_arg, th
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--scale", type=float, default=0.02, help="dataset scale (1 = full size)")
-    parser.add_argument("--queries", type=int, default=300, help="sequential queries to time")
+    parser.add_argument("--scale", type=float, default=0.02, help="dataset scale (1 = full size; default 0.02)")
+    parser.add_argument("--queries", type=int, default=300, help="sequential queries to time (default 300)")
     parser.add_argument("--workdir", type=Path, default=Path("demo"), help="where data/ and models/ go")
     parser.add_argument("--force", action="store_true", help="regenerate data and models in --workdir")
     parser.add_argument("--epochs", type=int, default=None, help="training epochs (default: train's own)")
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
             return rc
         force = ["--force"]  # new data: the old models no longer belong to it
     else:
-        _step(f"synth-data: reusing {data} (--force regenerates)")
+        _step(f"synth-data: reusing {data}{_other_scale(data, args.scale)} (--force regenerates)")
     if force or not (models / "manifest.json").exists():
         _step(f"train -> {models}")
         epochs = ["--epochs", str(args.epochs)] if args.epochs else []
@@ -68,6 +68,17 @@ def run(args: argparse.Namespace) -> int:
     else:
         _step(f"train: reusing {models} (--force retrains)")
     return _serve_and_measure(args, data, models)
+
+
+def _other_scale(data: Path, scale: float) -> str:
+    """", made at scale X, not the Y asked for" where the reused dataset's scale differs from --scale."""
+    import json
+
+    try:
+        made = float(json.loads((data / "manifest.json").read_text())["scale"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    return f", made at scale {made:g}, not the {scale:g} asked for," if made != scale else ""
 
 
 def _step(message: str) -> None:
@@ -128,12 +139,16 @@ def next_steps(workdir: Path, run_json: Path, same: str = "") -> str:
     """The commands to try after the demo, with this demo's paths filled in; ``same`` holds the demo's
     query-mix flags, so the suggested run is comparable with it in ``recpipe report``."""
     w = workdir
+    # the load test lives beside the package in a checkout; elsewhere, name it as the README does
+    loadtest = Path(__file__).resolve().parents[2] / "loadtest"
+    locust = loadtest if loadtest.is_dir() else Path("loadtest/")
     return "\n".join([
         "next, try:",
-        f"  recpipe serve --models {w}/models --data {w}/data &       # the same stages, kept running",
+        f"  recpipe serve --models {w}/models --data {w}/data &       # the same stages, kept running: wait for "
+        "its table (~30 s) before the next commands",
         f"  recpipe querygen --target 127.0.0.1:50051 --queries 2000 --warmup 5{same} --out seq.json --plot seq/",
         f"  recpipe report {run_json} seq.json --labels demo,seq --out report/   # side by side",
         "  recpipe querygen --target 127.0.0.1:50051 --mode open --rate 10 --slo-p99-ms 50 --duration 20 "
         "--out slo.json --plot slo/",
-        "  locust -f loadtest/ --headless -u 8 -r 8 -t 30s --host 127.0.0.1:50051",
+        f"  locust -f {locust} --headless -u 8 -r 8 -t 30s --host 127.0.0.1:50051",
     ])

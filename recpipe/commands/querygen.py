@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "--duration holds fewer, as MLPerf LoadGen's minimum query count does: a p99 from "
                              "1000 queries rests on 10 beyond it (default 0: --duration alone)")
     parser.add_argument("--warmup", type=float, default=0.0, metavar="S",
-                        help="seconds of load before measuring, excluded from the statistics")
+                        help="seconds of load before measuring, excluded from the statistics (default 0)")
     parser.add_argument("--users", default="uniform", help="uniform | zipf (user-id popularity)")
     parser.add_argument("--zipf-exponent", type=float, default=1.0)
     parser.add_argument("--num-users", type=int, help="user ids 0..N-1 (default: GetInfo details['num_users'] of "
@@ -66,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "lag. auto: sized from the offered rate (closed loop: the clients), at most the "
                              "usable cores. Sequential runs in one process")
     parser.add_argument("--seed", type=int, default=0, help="seeds the schedule and the queries (>= 0)")
-    parser.add_argument("--timeout", type=float, default=10.0, metavar="S", help="per-query deadline")
+    parser.add_argument("--timeout", type=float, default=10.0, metavar="S", help="per-query deadline (default 10)")
     parser.add_argument("--per-component", action="store_true",
                         help="call features, retrieval and ranking directly, timing each from the client: give "
                              "each stage's own address (recpipe's gateway serves none of their services, so "
@@ -147,6 +147,9 @@ def run(args: argparse.Namespace) -> int:
         if config.per_component and "UNIMPLEMENTED" in doc["errors_by_code"]:
             hint = ("; an address does not serve its stage's service: --per-component needs each stage's "
                     "own address (--features, --retrieval, --ranking), not the gateway's")
+        elif "UNAVAILABLE" in doc["errors_by_code"]:
+            hint = ("; UNAVAILABLE: a stage is down or still loading (`recpipe serve` prints its table once "
+                    "every stage is SERVING)")
         print(f"recpipe querygen: no query succeeded ({doc['errors_by_code']}){hint}", file=sys.stderr)
         return 1
     return 0

@@ -14,8 +14,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--user-id", type=int, required=True)
     parser.add_argument("--num-candidates", type=int, default=0, help="candidates to retrieve (0 = 500)")
     parser.add_argument("--num-results", type=int, default=0, help="items to return (0 = 10)")
-    parser.add_argument("--target", default=f"{DEFAULT_HOST}:{DEFAULT_PORT}", help="gateway host:port")
-    parser.add_argument("--timeout", type=float, default=10.0, help="deadline in seconds")
+    parser.add_argument("--target", default=f"{DEFAULT_HOST}:{DEFAULT_PORT}",
+                        help=f"gateway host:port (default {DEFAULT_HOST}:{DEFAULT_PORT})")
+    parser.add_argument("--timeout", type=float, default=10.0, help="deadline in seconds (default 10)")
 
 
 def run(args: argparse.Namespace) -> int:

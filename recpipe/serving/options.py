@@ -79,9 +79,13 @@ class StageOptions:
                 raise TypeError(f"{_flag(f)} is declared twice, differently ({cls.__name__})")
         if not fields:
             return
-        group = parser.add_argument_group(cls.group or cls.__name__)
+        groups: dict[str, argparse._ArgumentGroup] = {}
         for f in fields:
             seen[_flag(f)] = f
+            # under the group of the options class that declares it (--cuda-graphs: every torch stage's)
+            owner = next(b for b in cls.__mro__ if f.name in vars(b).get("__annotations__", {}))
+            title = getattr(owner, "group", "") or cls.group or cls.__name__
+            group = groups.get(title) or groups.setdefault(title, parser.add_argument_group(title))
             spec: OptionSpec = f.metadata[_META]
             kwargs: dict[str, Any] = {"dest": _dest(f), "default": f.default, "help": spec.help}
             if isinstance(f.default, bool):
