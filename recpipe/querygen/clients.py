@@ -170,7 +170,10 @@ def component_send(
             rec = await chain.recommend(user_id, k, num_results, time.monotonic() + timeout)
         except RecpipeError as e:
             return _code_name(e), ()
-        return "OK", [(t.stage, t.server_us, t.observed_us) for t in rec.timings]
+        # each stage's own split too, as through the gateway (it was dropped here, and the table then
+        # said the stages report none)
+        return "OK", [(t.stage, t.server_us, t.observed_us, t.queue_us, t.compute_us, t.batch_size)
+                      for t in rec.timings]
 
     return send
 

@@ -54,3 +54,6 @@ def test_sequential_and_per_component_against_the_chain(serving_chain: ChainServ
         s = pc["stages"][stage]
         assert s["count"] == 40 and 0 < s["server"]["p50_us"] <= s["p50_us"] * 1.01 + 5
     assert pc["end_to_end"]["p50_us"] >= sum(pc["stages"][s]["p50_us"] for s in STEPS) * 0.9
+    # each stage's own queue/compute split and batch size, as the gateway run has them
+    for stage in STEPS:
+        assert pc["stages"][stage]["batch_size"]["count"] == gw["stages"][stage]["batch_size"]["count"] == 40
