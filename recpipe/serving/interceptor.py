@@ -10,7 +10,8 @@ The expected outcomes are counted under their code and logged as counts at most 
 could not make (DEADLINE_EXCEEDED), a call its caller cancelled, and a call whose deadline passed before
 its answer or status was sent. Nothing is sent for the last: its caller has already timed out, and gRPC
 can no longer send on the call (it would log an ``ExecuteBatchError`` traceback for trying), so the
-handler ends as a cancelled one.
+handler ends as a cancelled one. Where the caller goes away after the check, gRPC's core still logs that
+traceback; a filter on its logger counts it as a cancelled call instead (``_UnsentAnswers``).
 
 Every method, streaming ones included (health Watch, reflection), is registered with a tolerant
 request deserializer (``recpipe.serving.malformed``): bytes that are not the method's message are
@@ -25,6 +26,7 @@ import asyncio
 import inspect
 import logging
 import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NoReturn
 
@@ -57,6 +59,18 @@ class ServingInterceptor(aio.ServerInterceptor):
     def __init__(self, metrics: ServerMetrics) -> None:
         self._metrics = metrics
         self._wrapped: dict[str, grpc.RpcMethodHandler] = {}
+        _UNSENT.interceptors.add(self)
+
+    def serves(self, method: str) -> bool:
+        """Whether ``method`` ("/recpipe.v1.RankingService/Rank") is one of this server's."""
+        return method in self._wrapped
+
+    def unsent(self, method: str) -> None:
+        """An answer of ``method`` that gRPC could not send, its call already over: counted and logged
+        as counts, as a call its caller cancelled."""
+        name = method.lstrip("/").removeprefix("recpipe.v1.")
+        self._metrics.error(name, Outcome.CANCELLED.code)
+        self._metrics.outcomes.record(Outcome.CANCELLED, name, "its answer could not be sent: the call had ended")
 
     async def intercept_service(
         self,
@@ -221,6 +235,33 @@ class ServingInterceptor(aio.ServerInterceptor):
         outcome = Outcome.EXPIRED if _expired(context) else Outcome.CANCELLED
         self._metrics.error(name, outcome.code)
         self._metrics.outcomes.record(outcome, name, detail)
+
+
+class _UnsentAnswers(logging.Filter):
+    """gRPC's core logs an answer it could not send because its call had ended (the caller went away
+    between the handler's return and the send) as an ERROR with a traceback, "ExecuteBatchError raised
+    in core by servicer method [/...]": a client that disconnects with calls in flight wrote one per
+    call. Such a record of a method one of this process's servers serves becomes a counted outcome
+    (``ServingInterceptor.unsent``) and is not logged; any other passes as it is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.interceptors: weakref.WeakSet[ServingInterceptor] = weakref.WeakSet()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if type(error).__name__ != "ExecuteBatchError":
+            return True
+        method = record.getMessage().partition("[")[2].partition("]")[0]
+        for interceptor in list(self.interceptors):
+            if interceptor.serves(method):
+                interceptor.unsent(method)
+                return False
+        return True
+
+
+_UNSENT = _UnsentAnswers()
+logging.getLogger("grpc._cython.cygrpc").addFilter(_UNSENT)
 
 
 def _expired(context: aio.ServicerContext) -> bool:

@@ -259,3 +259,31 @@ def test_a_stopped_server_thread_refuses_work_instead_of_waiting_forever():
     servers.close()
     with pytest.raises(RuntimeError, match="loop has stopped"):
         servers.run(asyncio.sleep(0))
+
+
+def test_an_answer_grpc_could_not_send_is_counted_not_logged_with_a_traceback(caplog) -> None:
+    """gRPC's core logs an answer whose call had ended as an ERROR with a traceback (ExecuteBatchError):
+    a client that disconnects with calls in flight wrote one per call. A method this process serves is
+    counted as cancelled instead; any other record passes."""
+    import logging
+
+    from grpc._cython.cygrpc import ExecuteBatchError
+
+    from recpipe.serving.interceptor import ServingInterceptor
+    from recpipe.serving.metrics import ServerMetrics
+
+    metrics = ServerMetrics("features")
+    interceptor = ServingInterceptor(metrics)
+    interceptor._wrapped["/recpipe.v1.FeatureService/AugmentUser"] = None  # type: ignore[assignment]
+    core = logging.getLogger("grpc._cython.cygrpc")
+    error = ExecuteBatchError("Failed execute_batch")
+    with caplog.at_level(logging.WARNING):
+        for method in ("/recpipe.v1.FeatureService/AugmentUser", "/other.Service/Method"):
+            core.error("ExecuteBatchError raised in core by servicer method [%s]", method,
+                       exc_info=(ExecuteBatchError, error, None))
+    logged = [r for r in caplog.records if r.name == "grpc._cython.cygrpc"]
+    assert [r.getMessage() for r in logged] == ["ExecuteBatchError raised in core by servicer method "
+                                                "[/other.Service/Method]"]
+    assert metrics.registry.get_sample_value("recpipe_errors_total", {
+        "stage": "features", "method": "FeatureService/AugmentUser", "code": "CANCELLED"}) == 1
+    assert any("its answer could not be sent" in r.getMessage() for r in caplog.records)
