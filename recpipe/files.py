@@ -82,10 +82,11 @@ def write_atomic(path: str | Path, data: bytes | str | Writer, *, force: bool) -
 
 
 def write_files(files: Mapping[Path, bytes | str | Writer], force: bool) -> list[Path]:
-    """Write ``files`` (path -> content, as ``write_atomic`` takes it) as one set: each to a hidden temporary name beside its target
-    (``write_atomic``), and only once all are written, each renamed into place. On any failure, Ctrl-C
-    included, the temporary files are removed and, without ``force``, the targets already renamed too:
-    a report's charts left without its report.md would make the rerun refuse them for want of --force."""
+    """Write ``files`` (path -> content, as ``write_atomic`` takes it) as one set: each to a hidden
+    temporary name beside its target, and only once all are written, each renamed into place. On any
+    failure, Ctrl-C included, the temporary files are removed and, without ``force``, the targets already
+    renamed too: a report's charts left without its report.md would make the rerun refuse them for want
+    of --force."""
     for path in files:
         check_writable(path, force)
     temps: dict[Path, Path] = {}

@@ -7,10 +7,11 @@ gateway, which holds every query in flight, is the natural batcher. A ``Hop`` is
 of the stages' dynamic batcher (``recpipe.serving.batcher``), with the same knobs:
 
 - ``call(request, timeout)`` queues a call; a worker takes up to ``max_batch`` queued calls at a time,
-  and no more rows than a stage takes in one message (``recpipe.config.MAX_BATCH_ROWS``: candidates,
-  item ids or k summed over the calls, as the hop's ``rows`` counts them) (waiting at most ``max_queue_delay_us`` after the first for others; 0, the default, takes what is
-  queued, so a lone query never waits) and sends them as one batch call, each entry with its own time
-  left (``timeout_us``); a batch of one goes as the plain unary call;
+  and no more rows than a stage takes in one message (``recpipe.config.MAX_BATCH_ROWS``: candidates or
+  item ids summed over the calls, as the hop's ``rows`` counts them), waiting at most
+  ``max_queue_delay_us`` after the first for others (0, the default, takes what is queued, so a lone
+  query never waits), and sends them as one batch call, each entry with its own time left
+  (``timeout_us``); a batch of one goes as the plain unary call;
 - a query alone in the gateway (``alone``, set by the gateway: ``Chain.alone``) that finds the hop idle
   sends its call from its own task, past the queue, the worker's turn and a send task: at light load,
   where every query is alone, that machinery was a tenth of the gateway's CPU per query (2-core VM,
