@@ -241,8 +241,9 @@ class _UnsentAnswers(logging.Filter):
     """gRPC's core logs an answer it could not send because its call had ended (the caller went away
     between the handler's return and the send) as an ERROR with a traceback, "ExecuteBatchError raised
     in core by servicer method [/...]": a client that disconnects with calls in flight wrote one per
-    call. Such a record of a method one of this process's servers serves becomes a counted outcome
-    (``ServingInterceptor.unsent``) and is not logged; any other passes as it is."""
+    call. Such a record of a method one of this process's servers serves becomes a counted outcome of
+    the first such server (a stage process has one; a test process may hold several of a kind) and is not
+    logged (``ServingInterceptor.unsent``); any other passes as it is."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -274,16 +274,17 @@ def test_an_answer_grpc_could_not_send_is_counted_not_logged_with_a_traceback(ca
 
     metrics = ServerMetrics("features")
     interceptor = ServingInterceptor(metrics)
-    interceptor._wrapped["/recpipe.v1.FeatureService/AugmentUser"] = None  # type: ignore[assignment]
+    # a method no other server of this test process serves (the first server serving it counts it)
+    interceptor._wrapped["/recpipe.v1.FeatureService/Unsent"] = None  # type: ignore[assignment]
     core = logging.getLogger("grpc._cython.cygrpc")
     error = ExecuteBatchError("Failed execute_batch")
     with caplog.at_level(logging.WARNING):
-        for method in ("/recpipe.v1.FeatureService/AugmentUser", "/other.Service/Method"):
+        for method in ("/recpipe.v1.FeatureService/Unsent", "/other.Service/Method"):
             core.error("ExecuteBatchError raised in core by servicer method [%s]", method,
                        exc_info=(ExecuteBatchError, error, None))
     logged = [r for r in caplog.records if r.name == "grpc._cython.cygrpc"]
     assert [r.getMessage() for r in logged] == ["ExecuteBatchError raised in core by servicer method "
                                                 "[/other.Service/Method]"]
     assert metrics.registry.get_sample_value("recpipe_errors_total", {
-        "stage": "features", "method": "FeatureService/AugmentUser", "code": "CANCELLED"}) == 1
+        "stage": "features", "method": "FeatureService/Unsent", "code": "CANCELLED"}) == 1
     assert any("its answer could not be sent" in r.getMessage() for r in caplog.records)
