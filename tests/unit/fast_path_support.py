@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 
-from recpipe.cli import main
 from recpipe.ranking.model import DLRM, DLRMConfig
 
 CUDA = torch.cuda.is_available()
@@ -30,9 +29,3 @@ def batch_inputs(counts: list[int], seed: int = 0) -> tuple[np.ndarray, ...]:
     idn = rng.normal(size=(n, 4)).astype(np.float32)
     isp = np.stack([rng.integers(0, s, n) for s in SIZES[4:]], 1)
     return ud, us, idn, isp
-
-
-def one_line_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str], needle: str) -> None:
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("recpipe: error:") and needle in err[0], err

@@ -6,15 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from recpipe.cli import main
-
-
-def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1, err
-    return err[0]
+from cli_support import one_line_exit_2
 
 
 def _dirs(tmp_path: Path) -> list[str]:
@@ -41,7 +33,7 @@ def test_an_existing_out_file_is_kept_without_force(bench: str, tmp_path: Path,
     victim = tmp_path / "victim.json"
     victim.write_text("precious\n")
     argv = ["bench", bench, *_out_argv(bench, tmp_path), "--out", str(victim)]
-    assert _refused(argv, capsys) == f"recpipe: error: --out: {victim} exists; pass --force to overwrite it"
+    assert one_line_exit_2(capsys, argv) == f"recpipe: error: --out: {victim} exists; pass --force to overwrite it"
     assert victim.read_text() == "precious\n"
 
 
@@ -49,22 +41,22 @@ def test_an_existing_out_file_is_kept_without_force(bench: str, tmp_path: Path,
 def test_an_out_file_that_cannot_be_written_is_refused_before_the_run(bench: str, tmp_path: Path,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["bench", bench, *_out_argv(bench, tmp_path), "--out", "/proc/x/y.json", "--force"]
-    assert _refused(argv, capsys) == "recpipe: error: --out: directory /proc/x does not exist"
+    assert one_line_exit_2(capsys, argv) == "recpipe: error: --out: directory /proc/x does not exist"
     argv[-2] = str(tmp_path)  # a directory
-    assert _refused(argv, capsys) == f"recpipe: error: --out: {tmp_path} is a directory; give a file name"
+    assert one_line_exit_2(capsys, argv) == f"recpipe: error: --out: {tmp_path} is a directory; give a file name"
 
 
 def test_firstcall_refuses_an_out_that_is_no_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     afile = tmp_path / "afile"
     afile.write_text("mine\n")
     base = ["bench", "firstcall", *_dirs(tmp_path), "--precisions", "fp32", "--out"]
-    assert _refused([*base, str(afile)], capsys) == f"recpipe: error: --out {afile} is not a directory"
+    assert one_line_exit_2(capsys, [*base, str(afile)]) == f"recpipe: error: --out {afile} is not a directory"
     assert afile.read_text() == "mine\n"
-    assert _refused([*base, "/proc/x"], capsys).startswith("recpipe: error: --out /proc/x: cannot create it")
+    assert one_line_exit_2(capsys, [*base, "/proc/x"]).startswith("recpipe: error: --out /proc/x: cannot create it")
     out = tmp_path / "fc"
     out.mkdir()
     (out / "firstcall.json").write_text("earlier\n")
-    assert _refused([*base, str(out)], capsys).endswith("firstcall.json exists; pass --force to overwrite it")
+    assert one_line_exit_2(capsys, [*base, str(out)]).endswith("firstcall.json exists; pass --force to overwrite it")
     assert (out / "firstcall.json").read_text() == "earlier\n" and not (out / "serve-fp32.log").exists()
 
 
@@ -79,13 +71,13 @@ def test_firstcall_refuses_an_out_that_is_no_directory(tmp_path: Path, capsys: p
 def test_firstcall_refuses_bad_flags_before_any_chain(flags: list[str], message: str, tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "fc"
-    assert _refused(["bench", "firstcall", *_dirs(tmp_path), "--out", str(out), *flags], capsys) == \
+    assert one_line_exit_2(capsys, ["bench", "firstcall", *_dirs(tmp_path), "--out", str(out), *flags]) == \
         f"recpipe: error: {message}"
     assert not out.exists()
 
 
 def test_datagen_refuses_a_tmp_it_cannot_write_in(capsys: pytest.CaptureFixture[str]) -> None:
-    assert _refused(["bench", "datagen", "--tmp", "/proc", "--scale", "0.001"], capsys).startswith(
+    assert one_line_exit_2(capsys, ["bench", "datagen", "--tmp", "/proc", "--scale", "0.001"]).startswith(
         "recpipe: error: --tmp: cannot write in /proc")
 
 
@@ -120,7 +112,7 @@ def test_datagen_refuses_a_tmp_it_cannot_write_in(capsys: pytest.CaptureFixture[
 def test_each_bad_value_is_named_with_its_flag(bench: str, flags: list[str], message: str, tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     dirs = [] if bench == "hop" else _dirs(tmp_path)
-    assert _refused(["bench", bench, *dirs, *flags], capsys) == f"recpipe: error: {message}"
+    assert one_line_exit_2(capsys, ["bench", bench, *dirs, *flags]) == f"recpipe: error: {message}"
 
 
 def test_retrieval_refuses_a_k_over_the_index_size(small_models: Path, small_dataset: Path,
@@ -130,4 +122,4 @@ def test_retrieval_refuses_a_k_over_the_index_size(small_models: Path, small_dat
     items = Repository.open(small_models).section("shapes")["num_items"]
     assert items < 10_000
     argv = ["bench", "retrieval", "--models", str(small_models), "--data", str(small_dataset), "--k", f"100,{items + 1}"]
-    assert _refused(argv, capsys) == f"recpipe: error: --k must be at most the index's {items} items, got {items + 1}"
+    assert one_line_exit_2(capsys, argv) == f"recpipe: error: --k must be at most the index's {items} items, got {items + 1}"

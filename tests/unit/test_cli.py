@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+from cli_support import one_line_exit_2
 
 from recpipe.cli import main
 from recpipe.errors import UsageError
@@ -35,8 +36,8 @@ def test_unknown_flag_is_one_line_error_exit_2(capsys) -> None:
 ])
 def test_serve_refuses_bad_shared_flags_before_any_stage_starts(argv, message, tmp_path, capsys) -> None:
     # nothing at --models or --data: a flag checked later would have failed on them instead
-    assert main(["serve", "--models", str(tmp_path / "m"), "--data", str(tmp_path / "d"), *argv]) == 2
-    assert capsys.readouterr().err == f"recpipe: error: {message}\n"
+    serve = ["serve", "--models", str(tmp_path / "m"), "--data", str(tmp_path / "d"), *argv]
+    assert one_line_exit_2(capsys, serve) == f"recpipe: error: {message}"
 
 
 def test_serve_refuses_cuda_where_there_is_none(tmp_path, capsys) -> None:
@@ -55,9 +56,7 @@ def test_serve_refuses_cuda_where_there_is_none(tmp_path, capsys) -> None:
     (["--user-id", "1", "--timeout", "inf"], "--timeout must be a number of seconds > 0, got inf"),
 ])
 def test_recommend_refuses_what_its_request_cannot_carry(argv, message, capsys) -> None:
-    assert main(["recommend", "--target", "127.0.0.1:1", *argv]) == 2  # refused before connecting
-    err = capsys.readouterr().err
-    assert err.startswith("recpipe: error: ") and message in err and err.count("\n") == 1
+    one_line_exit_2(capsys, ["recommend", "--target", "127.0.0.1:1", *argv], message)  # refused before connecting
 
 
 def test_an_output_where_no_file_can_be_created_is_refused_before_the_work(tmp_path, capsys) -> None:

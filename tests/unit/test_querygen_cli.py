@@ -7,21 +7,13 @@ import time
 from pathlib import Path
 
 import pytest
-
-from recpipe.cli import main
+from cli_support import one_line_exit_2
 
 
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _one_line_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str], match: str) -> None:
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("recpipe: error:"), err
-    assert match in err[0]
 
 
 @pytest.mark.parametrize(
@@ -54,16 +46,16 @@ def _one_line_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str], match:
     ],
 )
 def test_bad_arguments(capsys: pytest.CaptureFixture[str], extra: list[str], match: str) -> None:
-    _one_line_exit_2(capsys, ["querygen", "--target", "127.0.0.1:1", *extra], match)
+    one_line_exit_2(capsys, ["querygen", "--target", "127.0.0.1:1", *extra], match)
 
 
 def test_missing_target(capsys: pytest.CaptureFixture[str]) -> None:
-    _one_line_exit_2(capsys, ["querygen", "--queries", "1"], "--target")
+    one_line_exit_2(capsys, ["querygen", "--queries", "1"], "--target")
 
 
 def test_unreachable_target_is_detected_within_5_seconds(capsys: pytest.CaptureFixture[str]) -> None:
     t0 = time.monotonic()
-    _one_line_exit_2(capsys, ["querygen", "--target", f"127.0.0.1:{_closed_port()}", "--queries", "1"],
+    one_line_exit_2(capsys, ["querygen", "--target", f"127.0.0.1:{_closed_port()}", "--queries", "1"],
                      "cannot reach")
     assert time.monotonic() - t0 < 5.0
 
@@ -71,19 +63,19 @@ def test_unreachable_target_is_detected_within_5_seconds(capsys: pytest.CaptureF
 def test_existing_output_is_refused_before_connecting(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     out = tmp_path / "run.json"
     out.write_text("{}")
-    _one_line_exit_2(capsys, ["querygen", "--target", "127.0.0.1:1", "--out", str(out)], "--force")
+    one_line_exit_2(capsys, ["querygen", "--target", "127.0.0.1:1", "--out", str(out)], "--force")
     assert out.read_text() == "{}"
 
 
 @pytest.mark.parametrize("rates", ["0", "abc", ","])
 def test_bench_querygen_rejects_bad_rates(capsys: pytest.CaptureFixture[str], rates: str) -> None:
-    _one_line_exit_2(capsys, ["bench", "querygen", "--rates", rates], "--rates")
+    one_line_exit_2(capsys, ["bench", "querygen", "--rates", rates], "--rates")
 
 
 
 @pytest.mark.parametrize("processes", ["0", "auto", "1,x"])
 def test_bench_querygen_rejects_bad_process_counts(capsys: pytest.CaptureFixture[str], processes: str) -> None:
-    _one_line_exit_2(capsys, ["bench", "querygen", "--processes", processes], "--processes")
+    one_line_exit_2(capsys, ["bench", "querygen", "--processes", processes], "--processes")
 
 
 def test_the_platform_block_records_the_grpc_experiments_a_user_set(monkeypatch: pytest.MonkeyPatch) -> None:

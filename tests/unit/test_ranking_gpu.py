@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from fast_path_support import CUDA, no_cuda_only, one_line_exit_2
+from cli_support import one_line_exit_2
+from fast_path_support import CUDA, no_cuda_only
 
 from recpipe.features.core import FeatureCore
 from recpipe.ranking.core import RankingCore

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from cli_support import one_line_exit_2
 
 from recpipe.cli import main
 from recpipe.config import STEPS
@@ -136,27 +137,20 @@ def test_report_files_follow_the_umask(tmp_path: Path) -> None:
         assert stat.S_IMODE((out / name).stat().st_mode) == 0o644, name
 
 
-def _one_line_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str], match: str) -> None:
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("recpipe: error:"), err
-    assert match in err[0], err[0]
-
-
 @pytest.mark.parametrize(("labels", "match"), [(",", "leaves a run without a name"), ("a, ", "without a name"),
                                                ("a,a", "names two runs the same"), ("a|b,c", "holds '|'")])
 def test_report_refuses_labels_that_would_break_its_tables(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                            labels: str, match: str) -> None:
     a = _write(tmp_path, "a.json", _run_doc(BASE, 1))
     b = _write(tmp_path, "b.json", _run_doc(FAST, 2))
-    _one_line_exit_2(capsys, ["report", a, b, "--out", str(tmp_path / "r"), "--labels", labels], match)
+    one_line_exit_2(capsys, ["report", a, b, "--out", str(tmp_path / "r"), "--labels", labels], match)
     assert not (tmp_path / "r").exists()
 
 
 def test_report_refuses_a_file_name_that_would_break_its_tables(tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     a = _write(tmp_path, "x|y.json", _run_doc(BASE, 1))
-    _one_line_exit_2(capsys, ["report", a, "--out", str(tmp_path / "r")], "name the runs with --labels")
+    one_line_exit_2(capsys, ["report", a, "--out", str(tmp_path / "r")], "name the runs with --labels")
     assert main(["report", a, "--out", str(tmp_path / "r"), "--labels", "xy"]) == 0
 
 
@@ -165,13 +159,13 @@ def test_report_refuses_a_file_name_that_would_break_its_tables(tmp_path: Path,
 def test_report_refuses_an_out_it_cannot_write_before_drawing(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                               out: str, match: str) -> None:
     a = _write(tmp_path, "a.json", _run_doc(BASE, 1))
-    _one_line_exit_2(capsys, ["report", a, "--out", out if out.startswith("/") else str(tmp_path / out)], match)
+    one_line_exit_2(capsys, ["report", a, "--out", out if out.startswith("/") else str(tmp_path / out)], match)
 
 
 def test_report_refuses_a_directory_where_a_file_goes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     a = _write(tmp_path, "a.json", _run_doc(BASE, 1))
     (tmp_path / "r" / "stages.png").mkdir(parents=True)
-    _one_line_exit_2(capsys, ["report", a, "--out", str(tmp_path / "r"), "--force"], "stages.png is a directory")
+    one_line_exit_2(capsys, ["report", a, "--out", str(tmp_path / "r"), "--force"], "stages.png is a directory")
     assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["stages.png"]  # nothing drawn before it
 
 
