@@ -27,6 +27,13 @@ Writer = Callable[[Path], object]
 def check_writable(path: str | Path, force: bool) -> Path:
     """Refuse early (before a long run) to write the file ``path``: over an existing one without --force,
     over a directory, or where no file can be created (``check_creatable``)."""
+    p = _file_target(path, force)
+    check_creatable(p.parent)
+    return p
+
+
+def _file_target(path: str | Path, force: bool) -> Path:
+    """``path`` as a file to write: not a directory, not there unless ``force``, in a directory that is."""
     p = Path(path)
     if p.is_dir():
         raise UsageError(f"{p} is a directory; give a file name")
@@ -34,7 +41,6 @@ def check_writable(path: str | Path, force: bool) -> Path:
         raise UsageError(f"{p} exists; pass --force to overwrite it")
     if not p.parent.exists():
         raise UsageError(f"directory {p.parent} does not exist")
-    check_creatable(p.parent)
     return p
 
 
@@ -42,13 +48,18 @@ def check_creatable(directory: str | Path) -> Path:
     """``directory`` if a file can be created in it, else a UsageError saying why. It tries: permission
     bits say nothing to root, and nothing at all of /proc or a read-only mount."""
     d = Path(directory)
-    try:
-        fd, name = tempfile.mkstemp(prefix=".recpipe-probe-", dir=d)
-    except OSError as e:
-        raise UsageError(f"cannot write in {d}: {e.strerror or e}") from None
+    fd, name = _mkstemp(d, prefix=".recpipe-probe-")
     os.close(fd)
     Path(name).unlink(missing_ok=True)
     return d
+
+
+def _mkstemp(directory: Path, prefix: str, suffix: str = "") -> tuple[int, str]:
+    """``tempfile.mkstemp`` in ``directory``; a UsageError saying why where no file can be created."""
+    try:
+        return tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=directory)
+    except OSError as e:
+        raise UsageError(f"cannot write in {directory}: {e.strerror or e}") from None
 
 
 def write_atomic(path: str | Path, data: bytes | str | Writer, *, force: bool) -> Path:
@@ -58,8 +69,8 @@ def write_atomic(path: str | Path, data: bytes | str | Writer, *, force: bool) -
     libraries that only write to a path (pyarrow, FAISS, safetensors, matplotlib). The temporary
     path ends with the target's suffix, so a library that picks its format by suffix picks the same.
     """
-    p = check_writable(path, force)
-    fd, name = tempfile.mkstemp(prefix=f".{p.name}.", suffix=f".tmp{p.suffix}", dir=p.parent)
+    p = _file_target(path, force)
+    fd, name = _mkstemp(p.parent, prefix=f".{p.name}.", suffix=f".tmp{p.suffix}")  # its own temporary: no probe
     tmp = Path(name)
     try:
         try:
