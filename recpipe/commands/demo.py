@@ -72,12 +72,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _other_scale(data: Path, scale: float) -> str:
     """", made at scale X, not the Y asked for" where the reused dataset's scale differs from --scale."""
-    import json
+    from recpipe.datagen.manifest import load_manifest
+    from recpipe.errors import ArtifactMismatch
 
     try:
-        made = float(json.loads((data / "manifest.json").read_text())["scale"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return ""
+        made = float(load_manifest(data)["scale"])
+    except (ArtifactMismatch, TypeError, ValueError):  # scale is a required key
+        return ""  # training says what is wrong with it
     return f", made at scale {made:g}, not the {scale:g} asked for," if made != scale else ""
 
 
