@@ -16,14 +16,12 @@ explain it. A characterization without the section (written before it existed, o
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from recpipe.characterize import cpu_probe, datapaths, load, report, settings
 from recpipe.config import STEPS
 from recpipe.querygen.compare import speedup
-from recpipe.querygen.output import write_atomic
-from recpipe.querygen.plots import _COLORS, _figure, _save
+from recpipe.querygen.plots import _COLORS, _figure, png
 
 Runs = Sequence[tuple[str, dict[str, Any]]]
 CHARTS = ("curves.png", "stages.png")
@@ -386,10 +384,8 @@ def stages_figure(runs: Runs) -> Any:
     return fig
 
 
-def write(runs: Runs, out: Path, unlike: Sequence[str], force: bool) -> str:
-    out.mkdir(parents=True, exist_ok=True)
-    _save(report.curve_figure(list(runs)), out / CHARTS[0], force=force)
-    _save(stages_figure(runs), out / CHARTS[1], force=force)
-    text = markdown(runs, unlike)
-    write_atomic(out / "report.md", text.encode(), force=force)
-    return text
+def files(runs: Runs, unlike: Sequence[str]) -> dict[str, bytes | str]:
+    """The comparison's files by name, drawn in memory (``recpipe report`` writes them as one set):
+    its charts (``CHARTS``) and report.md."""
+    return {CHARTS[0]: png(report.curve_figure(list(runs))), CHARTS[1]: png(stages_figure(runs)),
+            "report.md": markdown(runs, unlike)}

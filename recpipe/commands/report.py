@@ -92,8 +92,6 @@ def _labels(args: argparse.Namespace) -> list[str]:
 
 def _characterizations(args: argparse.Namespace) -> int:
     """``recpipe report A B`` on characterizations (``recpipe characterize --out``): section by section."""
-    import tempfile
-    from pathlib import Path
 
     from recpipe.characterize import compare, document
     from recpipe.errors import UsageError
@@ -110,11 +108,10 @@ def _characterizations(args: argparse.Namespace) -> int:
     with output_dir(args.out, "--out") as out:
         for name in ("report.md", *compare.CHARTS):
             check_writable(out / name, args.force)
-        # drawn into a scratch directory first, then written into --out as one set (see ``run``)
-        with tempfile.TemporaryDirectory(prefix="recpipe-report-") as scratch:
-            text = compare.write(list(zip(labels, docs, strict=True)), Path(scratch), unlike, force=True)
-            files = {out / p.name: p.read_bytes() for p in Path(scratch).iterdir()}
-        write_files(files, args.force)
+        # drawn in memory, then written as one set (see ``run``)
+        drawn = compare.files(list(zip(labels, docs, strict=True)), unlike)
+        write_files({out / name: content for name, content in drawn.items()}, args.force)
+        text = str(drawn["report.md"])
     print(text, end="")
     return 0
 
