@@ -91,3 +91,15 @@ def test_measuring_states_where_querygen_takes_its_user_count() -> None:
     m = re.search(r"User ids are 0\.\.N-1: N is `--num-users`, else the `num_users` that the stages report through "
                   r"GetInfo, else ([\d,]+)\.", _text("measuring.md"))
     assert m and _num(m.group(1)) == DEFAULT_NUM_USERS
+
+
+def test_the_pages_state_the_max_batch_default() -> None:
+    from recpipe.ranking.core import SEGMENT_USERS
+    from recpipe.serving.batcher import BatchConfig
+
+    gpu, cpu = (BatchConfig().for_device(d).max_batch for d in ("cuda:0", "cpu"))
+    assert f"the default 0 means {gpu} where the stage computes on a GPU and {cpu} on a CPU" in _text("serving.md")
+    bench = " ".join((ROOT / "BENCHMARKS.md").read_text(encoding="utf-8").split())
+    m = re.search(r"`--max-batch` defaults to (\d+) on a GPU and to (\d+) on a CPU \(a batched hop's entries still "
+                  r"reach ranking as one call, which the segmented bf16 form runs (\d+) users to a forward", bench)
+    assert m and [int(g) for g in m.groups()] == [gpu, cpu, SEGMENT_USERS]
