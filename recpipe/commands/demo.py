@@ -22,7 +22,7 @@ from recpipe.serving.launch import REPLICAS_HELP, THREADS_HELP, replicas_arg, th
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scale", type=float, default=0.02, help="dataset scale (1 = full size; default 0.02)")
     parser.add_argument("--queries", type=int, default=300, help="sequential queries to time (default 300)")
-    parser.add_argument("--workdir", type=Path, default=Path("demo"), help="where data/ and models/ go")
+    parser.add_argument("--workdir", type=Path, default=Path("demo"), help="where data/ and models/ go (default: demo)")
     parser.add_argument("--force", action="store_true", help="regenerate data and models in --workdir")
     parser.add_argument("--epochs", type=int, default=None, help="training epochs (default: train's own)")
     parser.add_argument("--num-candidates", type=int, default=0, help="candidates per query (0 = 500)")
