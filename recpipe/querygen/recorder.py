@@ -42,6 +42,9 @@ class Recorder:
     #: query's split into parts (``recpipe.querygen.attribution.split_row``) are made from them after the run
     answered: list[list[Timing]] = field(default_factory=list)
     errors: Counter[str] = field(default_factory=Counter)
+    #: each failed query's time from its scheduled send to its failure (a deadline's queries fail no
+    #: sooner than the deadline: left out of every latency, they would hide the very tail they are)
+    failed_us: list[float] = field(default_factory=list)
     warmup_queries: int = 0
     first_scheduled: float | None = None
     last_done: float | None = None
@@ -68,6 +71,7 @@ class Recorder:
     def error(self, scheduled: float, sent: float, done: float, code: str) -> None:
         if self._measured(scheduled, sent, done):
             self.errors[code] += 1
+            self.failed_us.append((done - scheduled) * 1e6)
 
     def running_p99_us(self) -> float:
         """p99 of the end-to-end latencies so far (for the progress line; exact, from the raw samples)."""
@@ -113,6 +117,7 @@ class Recorder:
             late_sends=sum(1 for v in self.lag_us if v > LATE_US),
             measure_from=self.measure_from,
             split=TailSplit.of(splits),
+            failed=hist(self.failed_us),
         )
 
 
@@ -167,6 +172,18 @@ class Measurement:
     measure_from: float = 0.0
     #: the answered queries' end-to-end time split by stage (``recpipe.querygen.attribution``)
     split: TailSplit = field(default_factory=TailSplit)
+    #: the failed queries' time from their scheduled send to their failure (``end_to_end`` holds only the
+    #: answered ones, as the stages' and the attribution's numbers do)
+    failed: LatencyHistogram = field(default_factory=LatencyHistogram)
+
+    def every_query(self) -> LatencyHistogram:
+        """End to end of every measured query: the answered ones to their answer, the failed ones to their
+        failure. A query that ran into its deadline counts no faster than it; where nothing failed this
+        equals ``end_to_end``."""
+        out = LatencyHistogram()
+        out.add(self.end_to_end)
+        out.add(self.failed)
+        return out
 
     @property
     def queries(self) -> int:
@@ -183,7 +200,8 @@ class Measurement:
                 "stages": {name: h.to_wire() for name, h in self.stages.items()}, "ok": self.ok,
                 "errors": dict(self.errors), "warmup_queries": self.warmup_queries,
                 "first_scheduled": self.first_scheduled, "last_done": self.last_done,
-                "late_sends": self.late_sends, "measure_from": self.measure_from, "split": self.split.to_wire()}
+                "late_sends": self.late_sends, "measure_from": self.measure_from, "split": self.split.to_wire(),
+                "failed": self.failed.to_wire()}
 
     @classmethod
     def from_wire(cls, wire: Mapping[str, Any]) -> Measurement:
@@ -193,7 +211,8 @@ class Measurement:
                    ok=int(wire["ok"]), errors={str(k): int(v) for k, v in wire["errors"].items()},
                    warmup_queries=int(wire["warmup_queries"]), first_scheduled=wire["first_scheduled"],
                    last_done=wire["last_done"], late_sends=int(wire["late_sends"]),
-                   measure_from=float(wire["measure_from"]), split=TailSplit.from_wire(wire.get("split", {})))
+                   measure_from=float(wire["measure_from"]), split=TailSplit.from_wire(wire.get("split", {})),
+                   failed=LatencyHistogram.from_wire(wire["failed"]))
 
 
 def merge(parts: list[Measurement]) -> Measurement:
@@ -223,4 +242,5 @@ def merge(parts: list[Measurement]) -> Measurement:
         out.warmup_queries += m.warmup_queries
         out.late_sends += m.late_sends
         out.split.add(m.split)
+        out.failed.add(m.failed)
     return out

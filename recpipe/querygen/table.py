@@ -28,6 +28,9 @@ LEGEND = (
     "this generator saw it, from its scheduled send time; queue/compute = server time split by the "
     "stage's batcher (queued, then the core call), with the mean batch size."
 )
+#: the legend's line for the row a run with failed queries adds under end to end
+LEGEND_FAILED = (" + failed = every query, the failed ones timed from their scheduled send to their failure (the "
+                 "other rows hold the answered queries only).")
 
 
 def min_samples(percentile: float) -> int:
@@ -121,6 +124,10 @@ def run_table(doc: Mapping[str, Any]) -> str:
     e = doc["end_to_end"]
     n = int(e.get("count", doc.get("ok", 0)))
     table.add(["end to end", "client", *_cells(e, n), _ms(e["mean_us"])])
+    every = doc.get("end_to_end_all")
+    failed = bool(every and (doc.get("failed") or {}).get("count"))
+    if every and failed:  # a deadline's failures are the slowest queries: the answered rows alone hide them
+        table.add(["", "+ failed", *_cells(every, int(every["count"])), _ms(every["mean_us"])])
     lines += table.render()
     lines += attribution_lines(doc)
     notes = support_warnings(doc)
@@ -152,7 +159,7 @@ def run_table(doc: Mapping[str, Any]) -> str:
                      f"{len(stab['windows'])} windows (ms: {values}); the table merges the last "
                      f"{stab['merged_windows']}")
     lines += notes
-    lines += textwrap.wrap("legend: " + LEGEND, width=100, subsequent_indent="  ",
+    lines += textwrap.wrap("legend: " + LEGEND + (LEGEND_FAILED if failed else ""), width=100, subsequent_indent="  ",
                            break_on_hyphens=False)
     return "\n".join(lines)
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from recpipe.querygen.histogram import LatencyHistogram
-from recpipe.querygen.recorder import Recorder
+from recpipe.querygen.recorder import Measurement, Recorder, merge
 from recpipe.querygen.slo import SloSearch, SloStep, find_max_rate
 
 
@@ -58,6 +58,21 @@ def test_recorder_charges_latency_from_the_scheduled_time_and_skips_warmup() -> 
     assert m.stages["rank"].observed.summary()["p50_us"] == pytest.approx(5100, rel=1e-3)
     assert m.stages["total"].observed.count == 1 and m.stages["retrieve"].observed.count == 0
     assert m.last_done == 10.8
+
+
+def test_failed_queries_keep_their_time_to_failure_through_wire_and_merge() -> None:
+    rec = Recorder(measure_from=10.0)
+    rec.error(9.9, 9.9, 10.1, "DEADLINE_EXCEEDED")  # warm-up: in no histogram
+    rec.ok(10.0, 10.0, 10.010, [("rank", 5000, 5100)])
+    rec.error(10.1, 10.1, 10.3, "DEADLINE_EXCEEDED")  # 200 ms: past its deadline, the slowest query
+    m = rec.finish()
+    assert m.end_to_end.count == 1 and m.failed.count == 1
+    every = m.every_query()
+    assert every.count == 2 and every.summary()["max_us"] == pytest.approx(200_000, rel=1e-3)
+    back = Measurement.from_wire(m.to_wire())
+    assert back.failed == m.failed
+    both = merge([m, back])
+    assert both.failed.count == 2 and both.every_query().count == 4
 
 
 def _queue(capacity: float, base_us: float = 2000.0):  # type: ignore[no-untyped-def]
