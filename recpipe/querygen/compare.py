@@ -24,6 +24,8 @@ _LIKE_FOR_LIKE: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("zipf exponent", ("workload", "zipf_exponent")),
     ("candidates", ("workload", "candidates")),
     ("results", ("workload", "num_results")),
+    # a deadline caps the tail: every query slower than it fails, and ends at it
+    ("deadline (s)", ("workload", "timeout_s")),
 )
 
 
@@ -51,8 +53,28 @@ def differences(base: dict[str, Any], run: dict[str, Any]) -> list[str]:
     return out
 
 
-def _block(doc: dict[str, Any], row: str) -> dict[str, Any]:
-    return doc["end_to_end"] if row == "end_to_end" else doc["stages"][row]
+def block(doc: dict[str, Any], row: str) -> dict[str, Any]:
+    """A run's latencies for ``row``: a stage's (answered queries), or end to end over every query, the
+    failed ones to their failure (``end_to_end_all``; a document from before it, the answered ones): a
+    run whose slowest queries ran into their deadline must not read as fast."""
+    if row != "end_to_end":
+        return doc["stages"][row]
+    every: dict[str, Any] | None = doc.get("end_to_end_all")
+    return every if every else doc["end_to_end"]
+
+
+def failure_notes(runs: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
+    """One line per run with failed queries: how many, by code, and what its end-to-end row counts."""
+    out = []
+    for label, doc in runs:
+        if not doc.get("errors"):
+            continue
+        codes = ", ".join(f"{k}={v}" for k, v in (doc.get("errors_by_code") or {}).items())
+        counted = ("end to end counts them at their time to failure (the stages' rows: the answered queries)"
+                   if doc.get("end_to_end_all") else "its latencies leave them out (a document without "
+                   "end_to_end_all): its tail may be cut off by its deadline")
+        out.append(f"**{label}: {doc['errors']} of {doc.get('queries', '?')} queries failed** ({codes}); {counted}.")
+    return out
 
 
 #: below this a latency is timer noise, and a ratio of two of them means nothing
@@ -76,7 +98,7 @@ def _x(r: float | None) -> str:
 
 def verdict(label: str, base: dict[str, Any], run: dict[str, Any], key: str = "p50_us") -> str:
     """e.g. ``"B is 1.23x faster end to end (p50); augment_user 1.00x; ...; rank 1.02x"``."""
-    e2e = speedup(base["end_to_end"][key], run["end_to_end"][key])
+    e2e = speedup(block(base, "end_to_end")[key], block(run, "end_to_end")[key])
     pct = key.removesuffix("_us").replace("p999", "p99.9")
     if e2e is None:
         head = f"{label}: end to end n/a ({pct})"
@@ -143,14 +165,15 @@ def markdown(runs: Sequence[tuple[str, dict[str, Any]]], charts: Sequence[str] =
     for row in ROWS:
         cells = []
         for _, doc in runs:
-            b = _block(doc, row)
+            b = block(doc, row)
             cells += [_ms(b["p50_us"]), _ms(b["p99_us"])]
         for _, doc in runs[1:]:
             for key in ("p50_us", "p99_us"):
-                cells.append(_x(speedup(_block(base, row)[key], _block(doc, row)[key])))
+                cells.append(_x(speedup(block(base, row)[key], block(doc, row)[key])))
         name = "**end to end** (client)" if row == "end_to_end" else row
         out.append(f"| {name} | " + " | ".join(cells) + " |")
-    out += ["", *split_table(runs)]
+    failures = failure_notes(runs)
+    out += [*(["", *failures] if failures else []), "", *split_table(runs)]
     out += attribution_table(runs)
     if len(runs) > 1:
         out.append("")

@@ -349,7 +349,7 @@ def write_run_plots(doc: dict[str, Any], out_dir: str | Path, force: bool = Fals
 def comparison_bars_figure(runs: Labelled, speedups: bool = True) -> Any:
     """Side by side per stage (chain order) and end to end, p50 (top) and p99 (bottom); speed-ups over
     the first run written above the other runs' bars (unless ``speedups`` is False)."""
-    from recpipe.querygen.compare import ROWS, speedup
+    from recpipe.querygen.compare import ROWS, block, speedup
 
     fig = _figure(max(8.0, 1.6 * len(ROWS) * max(1, len(runs)) / 2 + 3), 8.5)
     width = 0.8 / len(runs)
@@ -358,14 +358,13 @@ def comparison_bars_figure(runs: Labelled, speedups: bool = True) -> Any:
         base = runs[0][1]
         for j, (label, doc) in enumerate(runs):
             xs = [k + (j - (len(runs) - 1) / 2) * width for k in range(len(ROWS))]
-            values = [(doc["end_to_end"] if row == "end_to_end" else doc["stages"][row])[key] / 1000
-                      for row in ROWS]
+            values = [block(doc, row)[key] / 1000 for row in ROWS]
             ok = supported(p, _count(doc))
             ax.bar(xs, values, width=width, alpha=1.0 if ok else 0.35,
                    label=label if ok else f"{label} (p99 from {_count(doc):,} samples: not supported)")
             if j and speedups:
                 for x, row, v in zip(xs, ROWS, values, strict=True):
-                    b = (base["end_to_end"] if row == "end_to_end" else base["stages"][row])[key] / 1000
+                    b = block(base, row)[key] / 1000
                     r = speedup(b * 1000, v * 1000)
                     if r is not None:
                         ax.text(x, v, f"{r:.2f}x", ha="center", va="bottom", fontsize=9)

@@ -233,3 +233,41 @@ def test_stage_devices_are_listed_in_chain_order_whatever_order_the_run_recorded
                if line.startswith("| stage devices |"))
     chain = "features: features-dev, retrieval: retrieval-dev, ranking: ranking-dev, gateway: gateway-dev"
     assert row == f"| stage devices | {chain} | {chain} |"
+
+
+def _deadline_doc(answered_ms: float, failed_share: float, deadline_s: float) -> dict[str, Any]:
+    """2,000 queries answered in ``answered_ms`` each, but every 1/``failed_share``-th one runs into its
+    ``deadline_s`` and fails with DEADLINE_EXCEEDED there (recorded like a real run)."""
+    rec = Recorder(measure_from=0.0)
+    every = round(1 / failed_share) if failed_share else 0
+    for i in range(2000):
+        t = i * 0.01
+        if every and i % every == 0:
+            rec.error(t, t, t + deadline_s, "DEADLINE_EXCEEDED")
+        else:
+            rec.ok(t, t, t + answered_ms / 1000, [(s, answered_ms * 200, answered_ms * 250) for s in STEPS])
+    doc = {"format": FORMAT, "format_version": FORMAT_VERSION, "mode": "sequential", "per_component": False,
+           "target_rate": None, "achieved_rate": 100.0, "platform": {"cpu": "test cpu", "cores": 2, "gpu": "none"},
+           "pipeline": {"gateway": {"device": "cpu"}}, "model_version": "v1", "workload": {"timeout_s": deadline_s}}
+    doc.update(summarise(rec.finish()))
+    return doc
+
+
+def test_a_run_whose_tail_ran_into_its_deadline_does_not_read_as_faster(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A answers every query in 20 ms; B answers 97% in 10 ms and lets 3% wait 100 ms for nothing. Its
+    # answered queries' p99 is 10 ms ("2x faster"), but 3% of its queries took 100 ms and failed.
+    a, b = _deadline_doc(20.0, 0.0, 0.1), _deadline_doc(10.0, 0.03, 0.1)
+    assert b["errors"] == 61 and b["end_to_end"]["p99_us"] < 10_100
+    line = compare.verdict("B", a, b, "p99_us")
+    assert "B is 5.00x slower end to end (p99)" in line, line
+    md = compare.markdown([("A", a), ("B", b)])
+    assert "**B: 61 of 2000 queries failed** (DEADLINE_EXCEEDED=61); end to end counts them" in md
+    e2e = next(row for row in md.splitlines() if row.startswith("| **end to end** (client) |"))
+    cells = [c.strip() for c in e2e.strip("|").split("|")][1:]
+    assert [float(c) for c in cells[:4]] == pytest.approx([20.0, 20.0, 10.0, 100.0], rel=2e-3)  # 3 digits
+    assert cells[4:] == ["2.00x", "0.20x"]  # B's p50 is faster; its p99 is the deadline
+    # A run with another deadline is measured another way: every query slower than it fails there.
+    c = _deadline_doc(20.0, 0.0, 10.0)
+    one_line_exit_2(capsys, ["report", _write(tmp_path, "a.json", a), _write(tmp_path, "c.json", c),
+                             "--out", str(tmp_path / "r")], "deadline (s) 0.1 vs 10.0")
