@@ -65,7 +65,8 @@ def _num_users(config: QuerygenConfig, pipeline: dict[str, Any]) -> tuple[int, s
 
 
 def achieved_rate(m: Measurement, measure_from: float, planned_s: float | None) -> float:
-    """Answered measured queries per second over the measured window.
+    """Answered measured queries per second over the measured window (a failed query is not one: a
+    server that sheds or times out half its load achieves half the rate, however fast it says no).
 
     The window runs from the end of warm-up to the last answer, but is never shorter than the planned
     duration: a run that keeps up achieves exactly its target rate, one that falls behind less.
@@ -73,7 +74,7 @@ def achieved_rate(m: Measurement, measure_from: float, planned_s: float | None) 
     if m.last_done is None or m.queries == 0:
         return 0.0
     window = max(m.last_done - measure_from, planned_s or 0.0)
-    return m.queries / window if window > 0 else 0.0
+    return m.ok / window if window > 0 else 0.0
 
 
 @dataclass

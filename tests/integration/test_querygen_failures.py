@@ -52,3 +52,6 @@ def test_queries_past_their_deadline_count_in_the_tail(freezes: TestServerProces
     assert any(line.split()[:2] == ["+", "failed"] for line in captured.out.splitlines()), captured.out
     assert "counting the" in captured.err and "failed ones at their time to failure" in captured.err
     assert any("failed ones at their time to failure" in w for w in doc["warnings"])
+    # The achieved rate is of the answered queries (a failed one was offered, not served): ~80 of 100 q/s.
+    assert doc["achieved_rate"] == pytest.approx(doc["ok"] / 2.5, rel=0.05)
+    assert any(w.startswith("achieved ") and "could not keep up" in w for w in doc["warnings"])
