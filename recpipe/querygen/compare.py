@@ -36,6 +36,18 @@ def _get(doc: dict[str, Any], path: tuple[str, ...]) -> Any:
     return value
 
 
+def _arrivals(doc: dict[str, Any]) -> str:
+    """How an open loop's queries arrived: Poisson, or replayed intervals (by their count and mean rate, not
+    the file's path, which another machine names differently). A burst replayed at the same mean rate is
+    another load: its queue, and tail, differ."""
+    replay = _get(doc, ("workload", "arrivals"))
+    if doc.get("mode") != "open":
+        return "-"
+    if not isinstance(replay, dict):
+        return "Poisson"
+    return f"replayed ({replay.get('intervals')} intervals, mean {replay.get('mean_rate')} q/s)"
+
+
 def differences(base: dict[str, Any], run: dict[str, Any]) -> list[str]:
     """How ``run`` differs from ``base`` in mode or workload (empty: a speed-up between them means
     something). Open-loop runs must also offer the same rate, unless both are SLO searches (then the
@@ -47,6 +59,9 @@ def differences(base: dict[str, Any], run: dict[str, Any]) -> list[str]:
             continue
         if a != b:
             out.append(f"{label} {a!r} vs {b!r}")
+    a, b = _arrivals(base), _arrivals(run)
+    if a != b:
+        out.append(f"arrivals {a} vs {b}")
     if (base.get("mode") == run.get("mode") == "open" and not (base.get("slo") and run.get("slo"))
             and base.get("target_rate") != run.get("target_rate")):
         out.append(f"offered rate {base.get('target_rate')} vs {run.get('target_rate')} q/s")

@@ -271,3 +271,13 @@ def test_a_run_whose_tail_ran_into_its_deadline_does_not_read_as_faster(
     c = _deadline_doc(20.0, 0.0, 10.0)
     one_line_exit_2(capsys, ["report", _write(tmp_path, "a.json", a), _write(tmp_path, "c.json", c),
                              "--out", str(tmp_path / "r")], "deadline (s) 0.1 vs 10.0")
+
+
+def test_replayed_arrivals_and_poisson_are_unlike(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    poisson = {**_run_doc(BASE, 1), "mode": "open", "target_rate": 100.0, "workload": {"arrivals": None}}
+    bursts = {**poisson, "workload": {"arrivals": {"file": "/a/bursts.txt", "intervals": 4, "mean_rate": 100.0}}}
+    elsewhere = {**poisson, "workload": {"arrivals": {"file": "/b/bursts.txt", "intervals": 4, "mean_rate": 100.0}}}
+    assert compare.differences(poisson, bursts) == ["arrivals Poisson vs replayed (4 intervals, mean 100.0 q/s)"]
+    assert compare.differences(bursts, elsewhere) == []  # the same intervals, from another path
+    one_line_exit_2(capsys, ["report", _write(tmp_path, "p.json", poisson), _write(tmp_path, "b.json", bursts),
+                             "--out", str(tmp_path / "r")], "arrivals Poisson vs replayed")
