@@ -223,11 +223,15 @@ def stage_bars_figure(runs: Labelled) -> Any:
 
 
 def supported_cdf(doc: dict[str, Any]) -> tuple[list[tuple[float, float]], float | None]:
-    """The end-to-end CDF points the sample supports (percentile, ms), and the first percentile cut."""
-    n = _count(doc)
+    """The end-to-end CDF points the sample supports (percentile, ms), and the first percentile cut: of
+    every query, the failed ones at their time to failure (``compare.block``), where the run says."""
+    from recpipe.querygen.compare import block
+
+    e2e = block(doc, "end_to_end")
+    n = int(e2e.get("count", doc.get("ok", 0)) or 0)
     points: list[tuple[float, float]] = []
     cut: float | None = None
-    for p, v in doc["end_to_end"].get("cdf") or []:
+    for p, v in e2e.get("cdf") or []:
         if v <= 0:
             continue
         if p < 100 and not supported(p, n):
@@ -253,8 +257,11 @@ def latency_cdf_figure(runs: Labelled) -> Any:
         if not points:
             continue
         name = label or "end to end"
+        failed = int((doc.get("failed") or {}).get("count") or 0)
+        if failed:
+            name += f" ({failed:,} failed, at their time to failure)"
         if cut is not None:
-            name += f" (cut from p{cut:g}: {_count(doc):,} samples)"
+            name += f" (cut from p{cut:g}: {_count(doc) + failed:,} samples)"
         ax.plot([v for _, v in points], [p for p, _ in points], marker=".", label=name)
         pts = [(1 / (1 - p / 100), v) for p, v in points if p > 0]
         tail.plot([x for x, _ in pts], [y for _, y in pts], marker=".", label=name)

@@ -162,7 +162,7 @@ def summarise(m: Measurement) -> dict[str, Any]:
         # the failed queries to their failure, and every query (answered or failed): end_to_end and the
         # stages hold the answered ones only, which a deadline's failures would leave looking fast
         "failed": m.failed.summary(),
-        "end_to_end_all": m.every_query().summary(),
+        "end_to_end_all": {**(every := m.every_query()).summary(), "cdf": every.cdf()},
         "pipeline_total": {**total.observed.summary(), "server": total.server.summary()},
         "stages": stages,
         "attribution": m.split.bands(),

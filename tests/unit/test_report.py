@@ -13,7 +13,7 @@ from cli_support import one_line_exit_2
 
 from recpipe.cli import main
 from recpipe.config import STEPS
-from recpipe.querygen import compare
+from recpipe.querygen import compare, plots
 from recpipe.querygen.output import FORMAT
 from recpipe.querygen.recorder import Recorder
 from recpipe.querygen.session import FORMAT_VERSION, summarise
@@ -267,6 +267,9 @@ def test_a_run_whose_tail_ran_into_its_deadline_does_not_read_as_faster(
     cells = [c.strip() for c in e2e.strip("|").split("|")][1:]
     assert [float(c) for c in cells[:4]] == pytest.approx([20.0, 20.0, 10.0, 100.0], rel=2e-3)  # 3 digits
     assert cells[4:] == ["2.00x", "0.20x"]  # B's p50 is faster; its p99 is the deadline
+    # The latency CDF the report draws shows the same tail: B's p99 point is at its deadline.
+    points = dict(plots.supported_cdf(b)[0])
+    assert points[50.0] == pytest.approx(10.0, rel=2e-3) and points[99.0] == pytest.approx(100.0, rel=2e-3)
     # A run with another deadline is measured another way: every query slower than it fails there.
     c = _deadline_doc(20.0, 0.0, 10.0)
     one_line_exit_2(capsys, ["report", _write(tmp_path, "a.json", a), _write(tmp_path, "c.json", c),
