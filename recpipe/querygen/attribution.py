@@ -12,7 +12,9 @@ end-to-end p99. So the parts of one query are kept together. A query's end-to-en
 - ``gateway``: the gateway's own time between its hops (the whole Recommend handler less its stages'
   observed times);
 - ``client``: the rest of the end-to-end time, i.e. this generator's send lag and the gateway's own
-  gRPC receive and send.
+  gRPC receive and send (and the network to it). Of it, ``send_lag`` is the generator's part (sent
+  after its scheduled instant): a stalled generator and a stalled gateway both lengthen ``client``, and
+  only this tells them apart. It is inside ``client``, not beside it: the other parts sum to end to end.
 
 The splits are summed per end-to-end latency bucket (``BUCKET_WIDTH`` wide, log-spaced), which merges
 exactly across sender processes and stability windows. A band of percentiles is the mean split of the
@@ -35,16 +37,18 @@ from recpipe.config import STEPS, TOTAL_STEP
 BUCKET_WIDTH = 0.02
 _LOG_WIDTH = math.log1p(BUCKET_WIDTH)
 #: the parts of one query, in the order ``split_row`` writes them (after the end-to-end time)
-PARTS: tuple[str, ...] = ("client", "gateway", *(f"{s}.{p}" for s in STEPS for p in ("server", "hop", "batch")))
+PARTS: tuple[str, ...] = ("client", "gateway", *(f"{s}.{p}" for s in STEPS for p in ("server", "hop", "batch")),
+                          "client.send_lag")
 #: the bands a run document carries: (name, lowest percentile, highest percentile)
 BANDS: tuple[tuple[str, float, float], ...] = (("median", 45.0, 55.0), ("p99", 99.0, 100.0))
 
 
-def split_row(e2e_us: float, timings: Mapping[str, tuple[float, float, int]]) -> tuple[float, ...]:
+def split_row(e2e_us: float, timings: Mapping[str, tuple[float, float, int]], lag_us: float = 0.0
+              ) -> tuple[float, ...]:
     """(end to end, *PARTS) of one answered query; ``timings``: stage -> (server_us, observed_us,
-    batch_size) as the gateway reported them (batch 0: not reported). Without the gateway's total (a
-    ``--per-component`` run calls the stages itself) the gateway part is 0 and the client part holds
-    what the stages' observed times leave."""
+    batch_size) as the gateway reported them (batch 0: not reported); ``lag_us``: how late the generator
+    sent it. Without the gateway's total (a ``--per-component`` run calls the stages itself) the gateway
+    part is 0 and the client part holds what the stages' observed times leave."""
     row = [e2e_us, 0.0, 0.0]
     observed = 0.0
     for stage in STEPS:
@@ -55,6 +59,7 @@ def split_row(e2e_us: float, timings: Mapping[str, tuple[float, float, int]]) ->
     handler = total[0] if total is not None else observed
     row[1] = e2e_us - handler
     row[2] = handler - observed
+    row.append(max(lag_us, 0.0))
     return tuple(row)
 
 
@@ -88,7 +93,7 @@ class TailSplit:
     def band(self, lo: float, hi: float) -> dict[str, Any] | None:
         """The mean split of the queries between the ``lo``-th and ``hi``-th percentile of end-to-end
         latency (None without queries): ``queries`` (how many fall in the band, rounded), ``end_to_end_us``,
-        ``client_us``, ``gateway_us``, and per stage ``server_us``, ``hop_us`` and ``batch_size`` (the mean of
+        ``client_us`` (of it ``send_lag_us``), ``gateway_us``, and per stage ``server_us``, ``hop_us`` and ``batch_size`` (the mean of
         the core-call batch sizes the stage reported; None where it reported none)."""
         n = self.queries
         if n == 0:
@@ -112,8 +117,9 @@ class TailSplit:
         parts = dict(zip(PARTS, mean[2:].tolist(), strict=True))
         out: dict[str, Any] = {"percentiles": [lo, hi], "queries": round(weight),
                                "end_to_end_us": round(float(mean[1]), 1),
-                               "client_us": round(parts["client"], 1), "gateway_us": round(parts["gateway"], 1),
-                               "stages": {}}
+                               "client_us": round(parts["client"], 1),
+                               "send_lag_us": round(parts["client.send_lag"], 1),
+                               "gateway_us": round(parts["gateway"], 1), "stages": {}}
         for stage in STEPS:
             batch = parts[f"{stage}.batch"]
             out["stages"][stage] = {"server_us": round(parts[f"{stage}.server"], 1),

@@ -235,12 +235,17 @@ def attribution_table(runs: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
         *((f"{stage} {part}", (lambda band, s=stage, k=f"{part}_us": band["stages"][s][k]))
           for stage in STEPS for part in ("server", "hop")),
         ("gateway", lambda band: band["gateway_us"]), ("client", lambda band: band["client_us"]),
+        ("of it: send lag", lambda band: band.get("send_lag_us")),
         ("**end to end**", lambda band: band["end_to_end_us"])]
     out = ["", "Where the time went: the mean of each part of the median queries (p45-p55) and of the slowest 1% "
            "(ms; hop = waiting in the gateway's batched hop, network and (de)serialisation):", "",
            "| part | " + " | ".join(f"{lb} median | {lb} slowest 1%" for lb, _ in have) + " |",
            "|---" * (1 + 2 * len(have)) + "|"]
     for name, get in rows:
-        out.append(f"| {name} | " + " | ".join(f"{_ms(get(a['median']))} | {_ms(get(a['p99']))}" for _, a in have) + " |")
+        def cell(us: float | None) -> str:
+            return "-" if us is None else _ms(us)  # a part a run's document predates
+
+        out.append(f"| {name} | " + " | ".join(f"{cell(get(a['median']))} | {cell(get(a['p99']))}" for _, a in have)
+                   + " |")
     out.append("| queries | " + " | ".join(f"{a['median']['queries']} | {a['p99']['queries']}" for _, a in have) + " |")
     return out

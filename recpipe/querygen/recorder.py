@@ -41,6 +41,8 @@ class Recorder:
     #: each answered query's stage timings, in the order of ``e2e_us``: the stages' histograms and the
     #: query's split into parts (``recpipe.querygen.attribution.split_row``) are made from them after the run
     answered: list[list[Timing]] = field(default_factory=list)
+    #: each answered query's send lag, in the order of ``e2e_us`` (its part of the client's time)
+    answered_lag_us: list[float] = field(default_factory=list)
     errors: Counter[str] = field(default_factory=Counter)
     #: each failed query's time from its scheduled send to its failure (a deadline's queries fail no
     #: sooner than the deadline: left out of every latency, they would hide the very tail they are)
@@ -66,6 +68,7 @@ class Recorder:
         if not self._measured(scheduled, sent, done):
             return
         self.e2e_us.append((done - scheduled) * 1e6)
+        self.answered_lag_us.append(self.lag_us[-1])
         self.answered.append(timings if isinstance(timings, list) else list(timings))
 
     def error(self, scheduled: float, sent: float, done: float, code: str) -> None:
@@ -90,7 +93,7 @@ class Recorder:
         compute: dict[str, list[float]] = {}
         batches: dict[str, list[int]] = {}
         splits = []
-        for e2e, timings in zip(self.e2e_us, self.answered, strict=True):
+        for e2e, lag, timings in zip(self.e2e_us, self.answered_lag_us, self.answered, strict=True):
             parts = {}
             for t in timings:
                 stage, batch = str(t[0]), int(t[5]) if len(t) >= 6 else 0
@@ -101,7 +104,7 @@ class Recorder:
                     compute.setdefault(stage, []).append(float(t[4]))
                     batches.setdefault(stage, []).append(batch)
                 parts[stage] = (float(t[1]), float(t[2]), batch)
-            splits.append(split_row(e2e, parts))
+            splits.append(split_row(e2e, parts, lag))
         stages = {s: StageHistograms(hist(observed.get(s, [])), hist(server.get(s, [])), hist(queue.get(s, [])),
                                      hist(compute.get(s, [])), batches.get(s, []))
                   for s in (*STEPS, TOTAL_STEP)}

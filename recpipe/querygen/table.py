@@ -189,6 +189,10 @@ def attribution_lines(doc: Mapping[str, Any]) -> list[str]:
              "waiting in the gateway's batched hop, network and (de)serialisation)"]
     if sizes:
         notes.append("mean batch size, median -> slowest 1%: " + ", ".join(sizes))
+    if "send_lag_us" in median and "send_lag_us" in tail:  # a document from before it has none
+        notes.append(f"of the client's time, the generator's send lag (sent after its scheduled instant): median "
+                     f"{_ms(median['send_lag_us'])}, slowest 1% {_ms(tail['send_lag_us'])} ms; the rest is the "
+                     "gateway's gRPC receive and send and the network to it")
     wrap = [textwrap.wrap(n, width=100, subsequent_indent="  ", break_on_hyphens=False) for n in notes]
     return ["", *wrap[0], *table.render(), *(line for w in wrap[1:] for line in w)]
 

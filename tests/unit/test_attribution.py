@@ -28,7 +28,8 @@ def test_a_query_splits_into_parts_that_sum_to_its_end_to_end_time() -> None:
     assert parts["gateway"] == 300.0 and parts["client"] == 10_000.0 - 6300.0
     for s in STEPS:
         assert (parts[f"{s}.server"], parts[f"{s}.hop"], parts[f"{s}.batch"]) == (1000.0, 500.0, 2.0)
-    assert sum(v for k, v in parts.items() if not k.endswith(".batch")) == pytest.approx(row[0])
+    # (the send lag is inside the client's part, not beside it)
+    assert sum(v for k, v in parts.items() if not k.endswith((".batch", ".send_lag"))) == pytest.approx(row[0])
     # without the gateway's total (a --per-component run), the client holds what the stages leave
     alone = split_row(7000.0, {s: (1000.0, 1500.0, 0) for s in STEPS})
     assert alone[1:3] == (1000.0, 0.0)
@@ -166,3 +167,24 @@ def test_the_slo_table_gives_the_queries_at_each_knee_and_flags_a_thin_one() -> 
     for step in searches[1]["curve"]:
         del step["queries"]
     assert "| 20 | 528.7 | 6 | - / - |" in report.markdown(doc, charts=()).splitlines()
+
+
+def test_the_client_part_says_how_much_of_it_was_the_generator_sending_late() -> None:
+    # 1,000 answered queries of 10 ms; the 10 slowest took 300 ms, all of it before the gateway's handler
+    # ran: 5 because the generator sent them 290 ms late, 5 sent on time into a frozen gateway. Both read
+    # as client time; the send lag says which was which.
+    rec = Recorder(measure_from=0.0)
+    for i in range(1000):
+        t = i * 0.01
+        slow, late = i % 100 == 0, i % 200 == 0
+        sent = t + (0.29 if late else 0.0)
+        done = t + (0.3 if slow else 0.01)
+        rec.ok(t, sent, done, [(s, 1000.0, 1500.0) for s in STEPS] + [(TOTAL_STEP, 6100.0, 6100.0)])
+    bands = rec.finish().split.bands()
+    tail, median = bands["p99"], bands["median"]
+    assert tail is not None and median is not None and tail["queries"] == 10
+    assert tail["client_us"] == pytest.approx(300_000 - 6100, rel=1e-3)
+    assert tail["send_lag_us"] == pytest.approx(145_000, rel=1e-3)  # half of them, 290 ms each
+    assert median["send_lag_us"] == 0.0
+    text = " ".join(line.strip() for line in attribution_lines({"ok": 1000, "attribution": bands}))
+    assert "the generator's send lag (sent after its scheduled instant): median 0.000, slowest 1% 145.000 ms" in text
