@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from recpipe.config import STEPS
+from recpipe.querygen.table import min_samples, supported
 from recpipe.stages import REGISTRY
 
 ROWS: tuple[str, ...] = (*STEPS, "end_to_end")
@@ -121,6 +122,10 @@ def verdict(label: str, base: dict[str, Any], run: dict[str, Any], key: str = "p
         head = f"{label} is {e2e:.2f}x faster end to end ({pct})"
     else:
         head = f"{label} is {1 / e2e:.2f}x slower end to end ({pct})"
+    p = {"p50_us": 50.0, "p90_us": 90.0, "p95_us": 95.0, "p99_us": 99.0, "p999_us": 99.9}.get(key)
+    fewest = min(int(block(d, "end_to_end").get("count") or 0) for d in (base, run))
+    if p is not None and not supported(p, fewest):
+        head += f" (from {fewest:,} queries: {pct} needs {min_samples(p):,})"
     parts = [f"{s} {_x(speedup(base['stages'][s][key], run['stages'][s][key]))}" for s in STEPS]
     return head + "; " + "; ".join(parts)
 
@@ -177,16 +182,25 @@ def markdown(runs: Sequence[tuple[str, dict[str, Any]]], charts: Sequence[str] =
     header = "| stage | " + " | ".join(f"{lb} p50 | {lb} p99" for lb in labels)
     header += "".join(f" | {lb} speed-up p50 | {lb} speed-up p99" for lb in labels[1:]) + " |"
     out += [header, "|---" * (1 + 2 * len(runs) + 2 * (len(runs) - 1)) + "|"]
+    def mark(b: dict[str, Any], p: float) -> str:  # a percentile its sample cannot support is its largest value
+        return "" if supported(p, int(b.get("count") or 0)) else "*"
+
+    short = False
     for row in ROWS:
         cells = []
         for _, doc in runs:
             b = block(doc, row)
-            cells += [_ms(b["p50_us"]), _ms(b["p99_us"])]
+            cells += [_ms(b["p50_us"]) + mark(b, 50.0), _ms(b["p99_us"]) + mark(b, 99.0)]
+            short = short or bool(mark(b, 99.0))
         for _, doc in runs[1:]:
-            for key in ("p50_us", "p99_us"):
-                cells.append(_x(speedup(block(base, row)[key], block(doc, row)[key])))
+            for key, p in (("p50_us", 50.0), ("p99_us", 99.0)):
+                flag = mark(block(base, row), p) or mark(block(doc, row), p)
+                cells.append(_x(speedup(block(base, row)[key], block(doc, row)[key])) + flag)
         name = "**end to end** (client)" if row == "end_to_end" else row
         out.append(f"| {name} | " + " | ".join(cells) + " |")
+    if short:
+        out += ["", f"\\* from fewer than {min_samples(99.0)} queries: a p99 there is the slowest of them, not a "
+                "percentile (run more queries)."]
     failures = failure_notes(runs)
     out += [*(["", *failures] if failures else []), "", *split_table(runs)]
     out += attribution_table(runs)

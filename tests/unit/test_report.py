@@ -284,3 +284,22 @@ def test_replayed_arrivals_and_poisson_are_unlike(tmp_path: Path, capsys: pytest
     assert compare.differences(bursts, elsewhere) == []  # the same intervals, from another path
     one_line_exit_2(capsys, ["report", _write(tmp_path, "p.json", poisson), _write(tmp_path, "b.json", bursts),
                              "--out", str(tmp_path / "r")], "arrivals Poisson vs replayed")
+
+
+def test_a_p99_from_fewer_than_100_queries_is_marked_in_the_report() -> None:
+    def small(stage_ms: dict[str, float], seed: int) -> dict[str, Any]:
+        rng = np.random.default_rng(seed)
+        rec = Recorder(measure_from=0.0)
+        for i in range(40):
+            timings = [(s, int(stage_ms[s] * 1000 * rng.uniform(0.98, 1.02)), 0) for s in STEPS]
+            rec.ok(i * 0.1, i * 0.1, i * 0.1 + sum(float(t[1]) for t in timings) / 1e6, timings)
+        return {**_run_doc(stage_ms, seed), **summarise(rec.finish())}
+
+    a, b = small(BASE, 1), small(FAST, 2)
+    md = compare.markdown([("A", a), ("B", b)])
+    e2e = next(row for row in md.splitlines() if row.startswith("| **end to end** (client) |"))
+    cells = [c.strip() for c in e2e.strip("|").split("|")][1:]
+    assert [c.endswith("*") for c in cells] == [False, True, False, True, False, True]
+    assert "\\* from fewer than 100 queries: a p99 there is the slowest of them" in md
+    assert "(from 40 queries: p99 needs 100)" in compare.verdict("B", a, b, "p99_us")
+    assert "needs" not in compare.verdict("B", a, b, "p50_us")
