@@ -386,10 +386,9 @@ async def _search(config: Any, bound_ms: float, start: float,
             bands[rate] = m.split.bands()
             sent += m.queries + m.warmup_queries
             sender_cpu_s += measured.sender_cpu_s
-            e2e = m.end_to_end
-            say(f"slo: {rate:.1f} q/s offered, {achieved:.1f} achieved, p99 {e2e.percentile_us(99) / 1000:.2f} ms")
-            return SloStep(rate, round(achieved, 3), e2e.percentile_us(50), e2e.percentile_us(99),
-                           e2e.percentile_us(99.9), m.queries, m.error_count)
+            s = SloStep.of(rate, achieved, m)
+            say(f"slo: {rate:.1f} q/s offered, {achieved:.1f} achieved, p99 {s.p99_us / 1000:.2f} ms")
+            return s
 
         return await find_max_rate(search, step), sent, sender_cpu_s, bands
     finally:

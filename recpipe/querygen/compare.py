@@ -71,7 +71,7 @@ def differences(base: dict[str, Any], run: dict[str, Any]) -> list[str]:
 
 def block(doc: dict[str, Any], row: str) -> dict[str, Any]:
     """A run's latencies for ``row``: a stage's (answered queries), or end to end over every query, the
-    failed ones to their failure (``end_to_end_all``; a document from before it, the answered ones): a
+    failed ones to their deadline or failure (``end_to_end_all``; a document from before it, the answered ones): a
     run whose slowest queries ran into their deadline must not read as fast."""
     if row != "end_to_end":
         return doc["stages"][row]
@@ -86,7 +86,8 @@ def failure_notes(runs: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
         if not doc.get("errors"):
             continue
         codes = ", ".join(f"{k}={v}" for k, v in (doc.get("errors_by_code") or {}).items())
-        counted = ("end to end counts them at their time to failure (the stages' rows: the answered queries)"
+        counted = ("end to end counts each as unanswered until its deadline or its failure, whichever came later (the "
+                    "stages' rows: the answered queries)"
                    if doc.get("end_to_end_all") else "its latencies leave them out (a document without "
                    "end_to_end_all): its tail may be cut off by its deadline")
         out.append(f"**{label}: {doc['errors']} of {doc.get('queries', '?')} queries failed** ({codes}); {counted}.")

@@ -224,7 +224,8 @@ def stage_bars_figure(runs: Labelled) -> Any:
 
 def supported_cdf(doc: dict[str, Any]) -> tuple[list[tuple[float, float]], float | None]:
     """The end-to-end CDF points the sample supports (percentile, ms), and the first percentile cut: of
-    every query, the failed ones at their time to failure (``compare.block``), where the run says."""
+    every query, the failed ones at their deadline or failure, whichever came later (``compare.block``),
+    where the run says."""
     from recpipe.querygen.compare import block
 
     e2e = block(doc, "end_to_end")
@@ -259,7 +260,7 @@ def latency_cdf_figure(runs: Labelled) -> Any:
         name = label or "end to end"
         failed = int((doc.get("failed") or {}).get("count") or 0)
         if failed:
-            name += f" ({failed:,} failed, at their time to failure)"
+            name += f" ({failed:,} failed, at their deadline or later)"
         if cut is not None:
             name += f" (cut from p{cut:g}: {_count(doc) + failed:,} samples)"
         ax.plot([v for _, v in points], [p for p, _ in points], marker=".", label=name)

@@ -45,8 +45,10 @@ class Recorder:
     answered_lag_us: list[float] = field(default_factory=list)
     errors: Counter[str] = field(default_factory=Counter)
     #: each failed query's time from its scheduled send to its failure (a deadline's queries fail no
-    #: sooner than the deadline: left out of every latency, they would hide the very tail they are)
+    #: sooner than the deadline: left out of every latency, they would hide the very tail they are),
+    #: and its send lag (``finish`` counts it at least until its deadline)
     failed_us: list[float] = field(default_factory=list)
+    failed_lag_us: list[float] = field(default_factory=list)
     warmup_queries: int = 0
     first_scheduled: float | None = None
     last_done: float | None = None
@@ -75,12 +77,15 @@ class Recorder:
         if self._measured(scheduled, sent, done):
             self.errors[code] += 1
             self.failed_us.append((done - scheduled) * 1e6)
+            self.failed_lag_us.append(self.lag_us[-1])
 
     def running_p99_us(self) -> float:
         """p99 of the end-to-end latencies so far (for the progress line; exact, from the raw samples)."""
         return float(np.percentile(self.e2e_us, 99)) if self.e2e_us else 0.0
 
-    def finish(self) -> Measurement:
+    def finish(self, deadline_s: float | None = None) -> Measurement:
+        """The run's histograms. ``deadline_s``: each query's deadline after its send; a query that failed
+        sooner (shed, unavailable) counts as unanswered until then, never as a fast answer."""
         def hist(values: list[float]) -> LatencyHistogram:
             h = LatencyHistogram()
             if values:
@@ -120,7 +125,8 @@ class Recorder:
             late_sends=sum(1 for v in self.lag_us if v > LATE_US),
             measure_from=self.measure_from,
             split=TailSplit.of(splits),
-            failed=hist(self.failed_us),
+            failed=hist(self.failed_us if deadline_s is None else
+                        [max(t, lag + deadline_s * 1e6) for t, lag in zip(self.failed_us, self.failed_lag_us, strict=True)]),
         )
 
 
@@ -175,14 +181,15 @@ class Measurement:
     measure_from: float = 0.0
     #: the answered queries' end-to-end time split by stage (``recpipe.querygen.attribution``)
     split: TailSplit = field(default_factory=TailSplit)
-    #: the failed queries' time from their scheduled send to their failure (``end_to_end`` holds only the
-    #: answered ones, as the stages' and the attribution's numbers do)
+    #: the failed queries' time from their scheduled send to their failure, or to their deadline if they
+    #: failed sooner: an error is no answer, however fast (``end_to_end`` holds only the answered ones, as
+    #: the stages' and the attribution's numbers do)
     failed: LatencyHistogram = field(default_factory=LatencyHistogram)
 
     def every_query(self) -> LatencyHistogram:
         """End to end of every measured query: the answered ones to their answer, the failed ones to their
-        failure. A query that ran into its deadline counts no faster than it; where nothing failed this
-        equals ``end_to_end``."""
+        failure or their deadline, whichever is later (``failed``): a failed query counts no faster than its
+        deadline. Where nothing failed this equals ``end_to_end``."""
         out = LatencyHistogram()
         out.add(self.end_to_end)
         out.add(self.failed)

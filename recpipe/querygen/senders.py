@@ -327,7 +327,7 @@ async def _serve(conn: Connection, config: QuerygenConfig, num_users: int) -> No
                                              job["queries"], base=go["base"], index_start=job["first"],
                                              index_step=job["step"])
             spent = cpu_s() - before
-            conn.send({"result": rec.finish().to_wire(), "cpu_s": round(spent, 6)})
+            conn.send({"result": rec.finish(config.timeout).to_wire(), "cpu_s": round(spent, 6)})
     finally:
         for channel in channels:
             await channel.close(None)

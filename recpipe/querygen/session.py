@@ -281,7 +281,7 @@ class Session:
             duration = None if cfg.queries is not None else planned
             rec = await loops.run_closed(self.send, concurrency, warm, duration, cfg.queries, progress)
             planned = None
-        m = rec.finish()
+        m = rec.finish(cfg.timeout)
         return Step(m, planned, [senders.SenderResult(0, m, round(senders.cpu_s() - before, 6))], why, span(start))
 
 
@@ -372,9 +372,7 @@ async def execute(config: QuerygenConfig, stream: TextIO | None = None) -> dict[
                     rate, f"SLO step {k} of at most {search.max_steps}, {rate:.1f} q/s")
                 m, achieved = measured.measurement, measured.achieved
                 best[rate] = measured
-                every = m.every_query()  # queries that ran into their deadline count against the p99
-                s = SloStep(rate, round(achieved, 3), every.percentile_us(50), every.percentile_us(99),
-                            every.percentile_us(99.9), m.queries, m.error_count)
+                s = SloStep.of(rate, achieved, m)
                 ok = s.meets(search.slo_p99_us, search.max_error_fraction, search.min_rate_fraction)
                 tell.say(f"SLO step {k} of at most {search.max_steps}: {rate:.1f} q/s offered, "
                          f"{achieved:.1f} achieved, p99 {s.p99_us / 1000:.2f} ms -> "
@@ -467,7 +465,8 @@ async def execute(config: QuerygenConfig, stream: TextIO | None = None) -> dict[
         if every["p99_us"] > answered["p99_us"] or every["max_us"] > answered["max_us"]:
             warnings.append(
                 f"the end-to-end latencies are of the {m.ok} answered queries; counting the {m.error_count} failed "
-                f"ones at their time to failure (up to {doc['failed']['max_us'] / 1000:.2f} ms), p99 is "
+                f"ones as unanswered until their deadline or their failure, whichever came later (up to "
+                f"{doc['failed']['max_us'] / 1000:.2f} ms), p99 is "
                 f"{every['p99_us'] / 1000:.2f} ms (answered: {answered['p99_us'] / 1000:.2f}) and max "
                 f"{every['max_us'] / 1000:.2f} ms (end_to_end_all)")
     if doc["workload"]["num_users_source"].startswith("default"):

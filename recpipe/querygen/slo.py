@@ -11,7 +11,10 @@ from __future__ import annotations
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from recpipe.querygen.recorder import Measurement
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,15 @@ class SloStep:
     p999_us: float
     queries: int
     errors: int
+
+    @classmethod
+    def of(cls, rate: float, achieved: float, m: Measurement) -> SloStep:
+        """The step at ``rate`` offered from its measurement: its percentiles over every query, a failed
+        one counted until its deadline at least (``Measurement.every_query``), so that a rate whose slow
+        queries time out, or that sheds its load fast, is no faster for it."""
+        every = m.every_query()
+        return cls(rate, round(achieved, 3), every.percentile_us(50), every.percentile_us(99),
+                   every.percentile_us(99.9), m.queries, m.error_count)
 
     def meets(self, slo_p99_us: float, max_error_fraction: float, min_rate_fraction: float) -> bool:
         """Under the p99 bound, few enough errors, and the rate was actually delivered."""

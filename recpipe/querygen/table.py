@@ -29,8 +29,8 @@ LEGEND = (
     "stage's batcher (queued, then the core call), with the mean batch size."
 )
 #: the legend's line for the row a run with failed queries adds under end to end
-LEGEND_FAILED = (" + failed = every query, the failed ones timed from their scheduled send to their failure (the "
-                 "other rows hold the answered queries only).")
+LEGEND_FAILED = (" + failed = every query, the failed ones timed from their scheduled send to their failure or "
+                 "their deadline, whichever came later (the other rows hold the answered queries only).")
 
 
 def min_samples(percentile: float) -> int:

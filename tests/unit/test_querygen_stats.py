@@ -75,6 +75,31 @@ def test_failed_queries_keep_their_time_to_failure_through_wire_and_merge() -> N
     assert both.failed.count == 2 and both.every_query().count == 4
 
 
+
+def test_a_query_that_fails_before_its_deadline_counts_as_unanswered_until_then() -> None:
+    """A shed or unavailable query fails in a millisecond: counted at that, it would make the tail of a
+    run that fails 2% of its queries faster than one that answers them all. It got no answer, so it counts
+    until its deadline (from its send: a late send moves it later); one failing past it, at its failure."""
+    rec = Recorder(measure_from=0.0)
+    for i in range(98):
+        rec.ok(i * 0.01, i * 0.01, i * 0.01 + 0.005, [])
+    rec.error(1.0, 1.0, 1.001, "RESOURCE_EXHAUSTED")  # 1 ms
+    rec.error(2.0, 2.003, 2.004, "UNAVAILABLE")  # sent 3 ms late, failed 1 ms later
+    m = rec.finish(deadline_s=0.5)
+    assert m.failed.summary()["min_us"] == pytest.approx(500_000, rel=1e-3)
+    assert m.failed.summary()["max_us"] == pytest.approx(503_000, rel=1e-3)
+    assert m.every_query().percentile_us(99) == pytest.approx(500_000, rel=1e-3)  # not 5 ms
+    assert m.end_to_end.percentile_us(99) == pytest.approx(5000, rel=1e-3)
+    late = Recorder(measure_from=0.0)
+    late.error(0.0, 0.0, 0.7, "DEADLINE_EXCEEDED")
+    assert late.finish(deadline_s=0.5).failed.summary()["max_us"] == pytest.approx(700_000, rel=1e-3)
+    assert rec.finish().failed.summary()["min_us"] == pytest.approx(1000, rel=1e-3)  # no deadline: as it failed
+    # An SLO step (querygen's search and characterize's) judges every query: 2 of 100 unanswered miss 5 ms.
+    step = SloStep.of(100.0, 98.0, m)
+    assert step.p99_us == pytest.approx(500_000, rel=1e-3) and step.errors == 2 and step.queries == 100
+    assert not step.meets(5000, 0.05, 0.9)
+
+
 def _queue(capacity: float, base_us: float = 2000.0):  # type: ignore[no-untyped-def]
     """A synthetic server: p99 grows like an M/M/1 queue's as the rate nears ``capacity``."""
     calls: list[float] = []

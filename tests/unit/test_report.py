@@ -262,7 +262,7 @@ def test_a_run_whose_tail_ran_into_its_deadline_does_not_read_as_faster(
     line = compare.verdict("B", a, b, "p99_us")
     assert "B is 5.00x slower end to end (p99)" in line, line
     md = compare.markdown([("A", a), ("B", b)])
-    assert "**B: 61 of 2000 queries failed** (DEADLINE_EXCEEDED=61); end to end counts them" in md
+    assert "**B: 61 of 2000 queries failed** (DEADLINE_EXCEEDED=61); end to end counts each as unanswered until its deadline" in md
     e2e = next(row for row in md.splitlines() if row.startswith("| **end to end** (client) |"))
     cells = [c.strip() for c in e2e.strip("|").split("|")][1:]
     assert [float(c) for c in cells[:4]] == pytest.approx([20.0, 20.0, 10.0, 100.0], rel=2e-3)  # 3 digits
