@@ -333,7 +333,7 @@ def supervised_stages(
                 argv += [f"--{upstream}", targets[upstream]]
             process = name if len(replicas) == 1 else f"{name}#{k + 1}"
             processes.append(StageProcess(process, f"{connect}:{p.own}", tuple(argv), p.metrics, stage=name,
-                                          target=targets[name]))
+                                          target=targets[name], calls=tuple(spec.upstream)))
     return processes
 
 

@@ -7,8 +7,8 @@ when it keeps dying right after start), and is reported again once it is SERVING
 health service has answered before but has not answered for ``unresponsive_s`` seconds (frozen by
 SIGSTOP, a hung event loop) is logged, killed with SIGKILL and restarted the same way; before its first
 answer a stage is still starting, which ``startup_timeout_s`` bounds instead. ``stop()`` sends
-SIGTERM to every stage, which drains in-flight requests, and SIGKILLs what is still there after the
-grace period.
+SIGTERM to every stage, callers before the stages they call (``StageProcess.calls``), each of which
+drains its in-flight requests, and SIGKILLs what is still there after the grace period.
 
 With ``standby``, once the stages are SERVING each also gets a warm standby process (loaded, not
 bound: ``recpipe.serving.runner``): a restart then activates it, which takes milliseconds where a new
@@ -58,7 +58,7 @@ class StageProcess:
     """How to run one stage process: its name, the gRPC address where it alone answers (health checks,
     GetInfo), its command line and metrics port; ``stage``, the stage it runs (default: ``name``; a
     replica is named ``STAGE#K``), and ``target``, the gRPC target that reaches every process of that
-    stage (default: ``address``)."""
+    stage (default: ``address``); ``calls``, the stages it calls (``stop`` stops its callers first)."""
 
     name: str
     address: str
@@ -66,6 +66,7 @@ class StageProcess:
     metrics_port: int | None = None
     stage: str = ""
     target: str = ""
+    calls: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.stage:
@@ -103,6 +104,15 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def _terminate(procs: Sequence[subprocess.Popen[bytes]]) -> list[subprocess.Popen[bytes]]:
+    """SIGTERM those of ``procs`` still running; -> them."""
+    running = [p for p in procs if p.poll() is None]
+    for proc in running:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+    return running
 
 
 def health_status(channel: grpc.Channel, timeout: float = 1.0) -> str:
@@ -222,13 +232,37 @@ class Supervisor:
         return spawned
 
     def stop(self) -> None:
-        """SIGTERM every stage (they drain in-flight requests), SIGKILL stragglers after the grace."""
+        """SIGTERM the stages (they drain in-flight requests) callers first, SIGKILL stragglers after the
+        grace: a stage is signalled once every process that calls it has exited, so the calls a caller
+        drains still find the stages they need (signalled together, the gateway's queries in flight
+        failed with UNAVAILABLE from a stage that had stopped under them). The standbys, which serve
+        nothing, are signalled at once and waited for last (one still loading stops once loaded)."""
         with self._lock:
             self._stopping = True
-        procs = [p for c in self.children.values() for p in (c.proc, c.standby) if p is not None and p.poll() is None]
-        for proc in procs:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
+        standbys = [c.standby for c in self.children.values() if c.standby is not None]
+        _terminate(standbys)
+        for wave in self._stop_waves():
+            self._reap(_terminate(wave))
+        self._reap(standbys)
+        for child in self.children.values():
+            if child.channel is not None:
+                child.channel.close()
+                child.channel = None
+
+    def _stop_waves(self) -> list[list[subprocess.Popen[bytes]]]:
+        """The stage processes in the order ``stop`` signals them: first the stages no stage calls, then
+        the ones those call, and so on."""
+        left = list(self.children.values())
+        waves = []
+        while left:
+            called = {stage for c in left for stage in c.spec.calls}
+            wave = [c for c in left if c.spec.stage not in called] or left  # a cycle: the rest together
+            waves.append([c.proc for c in wave if c.proc is not None])
+            left = [c for c in left if c not in wave]
+        return waves
+
+    def _reap(self, procs: Sequence[subprocess.Popen[bytes]]) -> None:
+        """Wait for ``procs`` to exit, SIGKILL those still there after the grace."""
         deadline = time.monotonic() + self.grace_s + 5.0
         for proc in procs:
             try:
@@ -237,10 +271,6 @@ class Supervisor:
                 log.warning("stage pid %s did not stop in time; killing it", proc.pid)
                 proc.kill()
                 proc.wait()
-        for child in self.children.values():
-            if child.channel is not None:
-                child.channel.close()
-                child.channel = None
 
     # --- helpers -----------------------------------------------------------------------------------
 
