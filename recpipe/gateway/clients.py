@@ -143,7 +143,11 @@ class _StageClient:
             raise self._failure(e.code(), e.details() or "") from None
 
     def _failure(self, code: grpc.StatusCode, details: str) -> RecpipeError:
-        """The domain error a stage's status stands for, naming the stage."""
+        """The domain error a stage's status stands for, naming the stage. CANCELLED from a stage is the
+        stage going away, not the gateway's caller cancelling (that ends the gateway's own task): gRPC
+        cancels the calls a stopping server had not yet taken up (grpc/grpc#10418)."""
+        if code == grpc.StatusCode.CANCELLED:
+            code, details = grpc.StatusCode.UNAVAILABLE, f"it cancelled the call as it stopped (CANCELLED: {details})"
         if code == grpc.StatusCode.UNAVAILABLE:
             return error_for(code, f"{self.stage} unavailable at {self.target}: {details}")
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:

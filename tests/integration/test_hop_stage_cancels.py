@@ -1,0 +1,64 @@
+"""A stage that cancels the gateway's call is a stage gone, not a caller who cancelled: the gateway
+answers UNAVAILABLE naming the stage, as for any stage down, so the client may retry elsewhere. gRPC
+cancels the calls that reached a server but were not yet taken up when its shutdown began
+(grpc/grpc#10418): the gateway passed that on as CANCELLED, telling the client it had cancelled, and
+logged and counted it as "cancelled by the caller". Seen with ``recpipe serve --replicas
+features=2``: SIGTERM to one features replica under 100 q/s, one query failed CANCELLED "features:
+CANCELLED". Real in-process servers over toy cores; the stage's own event loop held while the calls
+arrive, so they are still pending when it stops."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+from test_gateway_readiness import wait_status
+from toy_stages import ToyFeatureCore, ToyRankingCore, ToyRetrievalCore, ToyWorld
+
+from recpipe.features.servicer import FeatureStage
+from recpipe.gateway.options import GatewayOptions
+from recpipe.gateway.servicer import GatewayStage
+from recpipe.ranking.servicer import RankingStage
+from recpipe.retrieval.servicer import RetrievalStage
+from recpipe.serving.server import ServerThread
+from recpipe.v1 import recommend_pb2, recommend_pb2_grpc
+
+
+def test_calls_a_stopping_stage_cancels_are_unavailable_naming_it_not_cancelled() -> None:
+    world = ToyWorld()
+    # one RPC per stage call (no batching, no stream): several calls reach the stage at once
+    options = GatewayOptions(hop_transport="rpc", hop_max_batch=1)
+    with ServerThread() as st, ServerThread() as stage_thread:
+        features = stage_thread.start(FeatureStage(lambda: ToyFeatureCore(world)))
+        retrieval = st.start(RetrievalStage(lambda: ToyRetrievalCore(world)))
+        ranking = st.start(RankingStage(lambda: ToyRankingCore(world)))
+        gateway = st.start(GatewayStage(features.address, retrieval.address, ranking.address, options))
+        wait_status(gateway.address, "SERVING")
+        with grpc.insecure_channel(gateway.address) as channel:
+            stub = recommend_pb2_grpc.RecommendServiceStub(channel)
+
+            def recommend(user: int) -> tuple[grpc.StatusCode, str]:
+                try:
+                    stub.Recommend(recommend_pb2.RecommendRequest(user_id=user, num_candidates=20, num_results=5),
+                                   timeout=10)
+                    return grpc.StatusCode.OK, ""
+                except grpc.RpcError as e:
+                    return e.code(), e.details() or ""
+
+            assert recommend(0)[0] == grpc.StatusCode.OK
+            # the features stage's loop is busy for 1 s, its stop queued behind: the calls arriving
+            # meanwhile are still pending when it stops
+            stage_thread.loop.call_soon_threadsafe(time.sleep, 1.0)
+            stopping = asyncio.run_coroutine_threadsafe(features.stop(1.0), stage_thread.loop)
+            with ThreadPoolExecutor(6) as pool:
+                outcomes = list(pool.map(recommend, range(1, 7)))
+            stopping.result(10)
+        st.stop(gateway)
+    failed = [(code, details) for code, details in outcomes if code != grpc.StatusCode.OK]
+    assert failed, outcomes
+    for code, details in failed:
+        assert code == grpc.StatusCode.UNAVAILABLE, outcomes
+        assert details.startswith(f"features unavailable at {features.address}: "), details
+        assert len(details) < 1000, details
