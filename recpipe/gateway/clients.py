@@ -61,6 +61,9 @@ class _StageClient:
                 replica.get_state(try_to_connect=True)  # connected before the first call needs it
         #: the batch calls out on each replica from all of this stage's hops (``Hop``'s ``busy``)
         self._replica_busy = [0] * len(self.replica_channels)
+        #: per replica, False while the gateway's health checks say to pass it over (frozen, draining:
+        #: ``recpipe.gateway.readiness``); its hops send there only while it is True and connected
+        self.replica_ok = [True] * len(self.replica_channels)
         #: the hops' streams, one per method and replica (``HopConfig.stream``)
         self.streams: list[HopStream] = []
 
@@ -81,8 +84,8 @@ class _StageClient:
         # resolves to (a stream would pin its calls to one of them); the addresses ``serve --replicas``
         # lists each have their own route, and a host:port is one server
         stream = self._hop_config.stream and not self.target.startswith("dns:")
-        routes = [self._route(stub_class(ch), method, batch_request, ch if several else None, stream)
-                  for ch in self.replica_channels]
+        routes = [self._route(stub_class(ch), method, batch_request, ch if several else None, stream, i)
+                  for i, ch in enumerate(self.replica_channels)]
         # while no replica's own channel is connected (at start, or after a restart), the balanced
         # channel carries the calls
         fallback = self._route(stub_class(self._channel), method, batch_request, None) if several else None
@@ -91,9 +94,10 @@ class _StageClient:
         return hop
 
     def _route(self, stub: Any, method: str, batch_request: Callable[..., Any], channel: aio.Channel | None,
-               stream: bool = False) -> Route:
+               stream: bool = False, replica: int = 0) -> Route:
         """The unary and batch calls of ``method`` on ``stub``; with ``stream``, both as messages of one
-        ``<method>Stream`` (``recpipe.gateway.streams``), back to the RPCs if the stage has none."""
+        ``<method>Stream`` (``recpipe.gateway.streams``), back to the RPCs if the stage has none. With
+        ``channel`` (one replica's), the route is up while ``replica_ok[replica]`` and it is connected."""
         unary, batch = getattr(stub, method), getattr(stub, f"{method}Batch")
 
         async def one(request: Any, timeout: float | None) -> Any:
@@ -103,7 +107,8 @@ class _StageClient:
             reply = await self._call(batch, batch_request(entries=requests, timeout_us=timeouts_us), timeout)
             return self._entries(reply)
 
-        up = (lambda: True) if channel is None else (lambda: _connected(channel))
+        ok = self.replica_ok
+        up = (lambda: True) if channel is None else (lambda: ok[replica] and _connected(channel))
         if not stream:
             return Route(one, many, up)
         hop_stream = HopStream(f"{self.stage}.{method}", getattr(stub, f"{method}Stream"))

@@ -12,7 +12,10 @@ A stage run as several replicas is asked on each replica's own channel (the ones
 and is SERVING while any replica is: the hops pass over a replica that is gone, so one replica killed
 or restarting must not turn the whole chain away (a check over the balanced channel could land on the
 dead replica in the moment before its channel noticed, and the gateway then refused every call until
-the next check).
+the next check). The checks also tell the hops which replicas to pass over (``passable``): one that
+answers NOT_SERVING (draining on stop) or gave no answer to its last check (frozen: its connection
+stays up, so the hop's own channel check cannot tell, and each batch sent to it waited out its
+deadline, a new one as soon as the last had expired).
 
 Polling rather than ``Watch``: a Watch stream says nothing while a stage is frozen (SIGSTOP, a hung
 event loop), since its connection stays open; a Check with a deadline notices. A channel that loses its
@@ -51,8 +54,12 @@ class ChainReadiness:
     """Follows the health of the stages behind ``channels`` (stage name -> the chain's channels to its
     processes: one, or one per replica)."""
 
-    def __init__(self, channels: Mapping[str, Sequence[aio.Channel]]) -> None:
+    def __init__(self, channels: Mapping[str, Sequence[aio.Channel]],
+                 passable: Mapping[str, list[bool]] | None = None) -> None:
+        """``passable``: per stage, one flag per replica (its hops' ``Route.up`` reads it), set False
+        while that replica should be passed over (see the module doc) and True again once it answers."""
         self._channels = {name: list(replicas) for name, replicas in channels.items()}
+        self._passable = dict(passable or {})
         self._stubs = {name: [health_pb2_grpc.HealthStub(c) for c in replicas] for name, replicas in self._channels.items()}
         #: stage -> "SERVING", or why not ("NOT_SERVING", "UNAVAILABLE: ...", "no answer in 1.0s").
         self.status: dict[str, str] = {name: "UNKNOWN" for name in channels}
@@ -110,6 +117,10 @@ class ChainReadiness:
         """The stage's status: SERVING while any of its replicas is; else the most telling of theirs (an
         answer such as NOT_SERVING, then no answer, then unreachable)."""
         answers = await asyncio.gather(*(_check(stub) for stub in self._stubs[name]))
+        flags = self._passable.get(name)
+        if flags is not None:
+            for i, answer in enumerate(answers):
+                flags[i] = not (answer.startswith(NO_ANSWER) or _rank(answer) == 1)
         return min(answers, key=_rank)
 
 

@@ -74,7 +74,9 @@ class GatewayStage(Stage):
         if self._clients is None:
             return None
         channels = tuple(client.replica_channels for client in self._clients)
-        self._readiness = ChainReadiness(dict(zip(UPSTREAM, channels, strict=True)))
+        passable = {name: client.replica_ok for name, client in zip(UPSTREAM, self._clients, strict=True)
+                    if len(client.replica_ok) > 1}
+        self._readiness = ChainReadiness(dict(zip(UPSTREAM, channels, strict=True)), passable)
         return self._readiness.run
 
     def info(self) -> StageInfo:
