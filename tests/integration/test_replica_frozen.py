@@ -15,6 +15,7 @@ from test_gateway_readiness import wait_status
 from toy_stages import ToyFeatureCore, ToyRankingCore, ToyRetrievalCore, ToyWorld
 
 from recpipe.features.servicer import FeatureStage
+from recpipe.gateway.clients import GrpcRankingClient
 from recpipe.gateway.servicer import GatewayStage
 from recpipe.ranking.servicer import RankingStage
 from recpipe.retrieval.servicer import RetrievalStage
@@ -32,8 +33,8 @@ def test_a_frozen_replica_is_passed_over_until_it_answers_again() -> None:
         stage = GatewayStage(features.address, retrieval.address, f"ipv4:{frozen.address},{other.address}")
         gateway = st.start(stage)
         wait_status(gateway.address, "SERVING")
-        assert stage._clients is not None
-        rank = stage._clients[2].hops["Rank"]
+        assert isinstance(stage.chain.ranking, GrpcRankingClient)  # type: ignore[union-attr]
+        rank = stage.chain.ranking.hops["Rank"]  # type: ignore[union-attr]
         with grpc.insecure_channel(gateway.address) as channel:
             stub = recommend_pb2_grpc.RecommendServiceStub(channel)
 
