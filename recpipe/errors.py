@@ -38,7 +38,8 @@ class StageUnavailable(RecpipeError):
 
 
 class Cancelled(RecpipeError):
-    """A downstream call was cancelled (gRPC CANCELLED): kept as such across hops, never INTERNAL."""
+    """A call was cancelled by its caller (gRPC CANCELLED), never INTERNAL. The gateway answers a stage's
+    CANCELLED as ``StageUnavailable``: a stage cancels the calls it had not taken up as it stops."""
 
 
 class SenderFailed(RecpipeError):
