@@ -36,6 +36,11 @@ of the stages' dynamic batcher (``recpipe.serving.batcher``), with the same knob
   for it; it goes to the first replica with nothing out of any method, else to the least busy;
 - each call gets its own answer or its own error; a call whose deadline passes while queued is
   answered DEADLINE_EXCEEDED without being sent, and a cancelled one is dropped;
+- a batch call (or a call alone) that finds its replica gone (UNAVAILABLE for the whole call: killed,
+  stopping, its stream ended) goes once more to another replica that is up, with the time its calls
+  have left: the stages' calls only read, so a second try answers what a dead replica left unanswered
+  (kill -9 of one of 2 ranking replicas at 100 q/s failed 1-3 queries in flight); with no other
+  replica up the error stands;
 - how a batch travels is the route's business: with ``HopConfig.stream`` (``--hop-transport stream``,
   the gateway's default) the stage clients make each route send its batches, a batch of one too, as
   the messages of one long-lived stream (``recpipe.gateway.streams``), about half the CPU of an RPC.
@@ -146,6 +151,9 @@ class Hop(Generic[Req, Res]):
         self.alone: Callable[[], bool] | None = None
         #: the calls sent that way (for ``GetInfo`` and the tests)
         self.sent_alone = 0
+        #: batch calls (and calls alone) sent a second time, to another replica, after their first found
+        #: its replica gone
+        self.resent_elsewhere = 0
 
     async def __call__(self, request: Req, timeout: float | None) -> Res:
         if self.config.max_batch <= 1:  # unbatched: each call at once, the replicas taken in turn
@@ -154,7 +162,7 @@ class Hop(Generic[Req, Res]):
             turn = next((i % n for i in range(self._turn, self._turn + n) if self.routes[i % n].up()), None)
             if turn is None:
                 turn = _FALLBACK if self.fallback is not None else self._turn % n
-            return await self._route(turn).unary(request, timeout)  # type: ignore[no-any-return]
+            return await self._one(request, timeout, turn, claim=False)
         if (self.alone is not None and not self._queue and not self._in_flight and not self.config.max_queue_delay_us
                 and self.alone()):
             route = self._free_route()
@@ -287,22 +295,33 @@ class Hop(Generic[Req, Res]):
         return batch
 
     async def _send(self, batch: list[_Call], index: int) -> None:
-        route = self._route(index)
-        now = time.monotonic()
-        lefts = [None if c.deadline is None else max(c.deadline - now, 1e-6) for c in batch]
-        timeout = None if any(t is None for t in lefts) else max(t for t in lefts if t is not None)
-        try:
-            if len(batch) == 1:
-                answers: Sequence[Any] = [await route.unary(batch[0].request, lefts[0])]
-            else:
-                answers = await route.batch([c.request for c in batch],
-                                            [timeout_us(t) for t in lefts], timeout)
-                if len(answers) != len(batch):
-                    raise StageUnavailable(f"{self.name}: a batch of {len(batch)} got {len(answers)} answers")
-        except RecpipeError as e:  # the whole call failed (the stage is down, the deadline passed, ...)
-            answers = [e] * len(batch)
-        finally:
-            self._release(index, len(batch))
+        answers: Sequence[Any] = []
+        for attempt in (0, 1):
+            route = self._route(index)
+            now = time.monotonic()
+            lefts = [None if c.deadline is None else max(c.deadline - now, 1e-6) for c in batch]
+            timeout = None if any(t is None for t in lefts) else max(t for t in lefts if t is not None)
+            elsewhere = None
+            try:
+                if len(batch) == 1:
+                    answers = [await route.unary(batch[0].request, lefts[0])]
+                else:
+                    answers = await route.batch([c.request for c in batch],
+                                                [timeout_us(t) for t in lefts], timeout)
+                    if len(answers) != len(batch):
+                        raise StageUnavailable(f"{self.name}: a batch of {len(batch)} got {len(answers)} answers")
+            except StageUnavailable as e:  # the replica is gone: once more on another, if one is up
+                answers = [e] * len(batch)
+                elsewhere = None if attempt else self._elsewhere(index, batch)
+            except RecpipeError as e:  # the whole call failed (the deadline passed, ...)
+                answers = [e] * len(batch)
+            finally:
+                self._release(index, len(batch))
+            if elsewhere is None:
+                break
+            index = elsewhere
+            self._claim(index)
+            self.resent_elsewhere += 1
         for call, answer in zip(batch, answers, strict=True):
             if call.future.done():
                 continue
@@ -314,12 +333,42 @@ class Hop(Generic[Req, Res]):
     async def _alone(self, request: Req, timeout: float | None, index: int) -> Res:
         """A lone query's call, the hop idle: sent from the caller's own task as a batch of one, without
         the queue, the worker's turn and a send task (see the module doc)."""
-        self._claim(index)
         self.sent_alone += 1
-        try:
-            return await self._route(index).unary(request, timeout)  # type: ignore[no-any-return]
-        finally:
-            self._release(index, 1)
+        return await self._one(request, timeout, index, claim=True)
+
+    async def _one(self, request: Req, timeout: float | None, index: int, claim: bool) -> Res:
+        """One call on route ``index`` (``claim``: counted as a batch call out), once more on another
+        route that is up if the first finds its replica gone."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        retried = False
+        while True:
+            at = index
+            if claim:
+                self._claim(at)
+            try:
+                return await self._route(at).unary(request, timeout)  # type: ignore[no-any-return]
+            except StageUnavailable:
+                elsewhere = None if retried else self._elsewhere(at)
+                left = None if deadline is None else deadline - time.monotonic()
+                if elsewhere is None or (left is not None and left <= 0):
+                    raise
+                index, timeout, retried = elsewhere, left, True
+                self.resent_elsewhere += 1
+            finally:
+                if claim:
+                    self._release(at, 1)
+
+    def _elsewhere(self, index: int, batch: Sequence[_Call] = ()) -> int | None:
+        """Where a call that found route ``index``'s replica gone goes once more: another route that is
+        up, the least busy (None: none is, or every call of ``batch`` has run out of time)."""
+        if len(self.routes) == 1 or (batch and not any(c.deadline is None or c.deadline > time.monotonic()
+                                                        for c in batch)):
+            return None
+        best = None
+        for i, route in enumerate(self.routes):
+            if i != index and route.up() and (best is None or self._busy[i] < self._busy[best]):
+                best = i
+        return best
 
     def _claim(self, index: int) -> None:
         """A batch call goes out on route ``index``."""

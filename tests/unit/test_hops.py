@@ -230,6 +230,97 @@ def test_a_replica_that_is_down_is_passed_over_and_with_all_down_the_call_fails_
     asyncio.run(go())
 
 
+
+class Gone(Replica):
+    """A replica whose calls fail whole with UNAVAILABLE once ``gone`` (killed under them), after ``gate``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gone = False
+
+    async def unary(self, request: Any, timeout: float | None) -> Any:
+        answer = await super().unary(request, timeout)
+        if self.gone:
+            raise StageUnavailable("replica gone")
+        return answer
+
+    async def batch(self, requests: list[Any], timeouts_us: list[int], timeout: float | None) -> list[Any]:
+        answers = await super().batch(requests, timeouts_us, timeout)
+        if self.gone:
+            raise StageUnavailable("replica gone")
+        return answers
+
+
+def _gone(n: int, **config: Any) -> tuple[list[Gone], Hop[Any, Any]]:
+    replicas = [Gone() for _ in range(n)]
+    routes = [Route(r.unary, r.batch, lambda r=r: r.up) for r in replicas]  # type: ignore[misc]
+    return replicas, Hop("s.M", routes, HopConfig(**config))
+
+
+def test_calls_out_on_a_replica_that_dies_go_once_more_to_another() -> None:
+    async def go() -> None:
+        (a, b), hop = _gone(2)
+        a.gate.clear()
+        alone = asyncio.create_task(hop("1", 5.0))  # sent alone, from its own task
+        await asyncio.sleep(0.01)
+        b.gate.clear()
+        batch = [asyncio.create_task(hop(r, 5.0)) for r in ("2", "3")]  # a is busy: to b, held there
+        await asyncio.sleep(0.01)
+        more = [asyncio.create_task(hop(r, 5.0)) for r in ("4", "5")]  # both busy: queued, then a batch
+        await asyncio.sleep(0.01)
+        a.gone = True  # killed with "1" out on it
+        a.up = False
+        a.gate.set()
+        await asyncio.sleep(0.01)
+        b.gate.set()
+        assert await asyncio.gather(alone, *batch, *more) == [f"answer {r}" for r in "12345"]
+        assert ["1"] in b.sent and hop.resent_elsewhere >= 1
+        # a batch out on a replica that dies is sent again whole, to the one left
+        a.gone, a.up, b.gone = False, True, False
+        a.gate.clear()
+        b.gate.clear()
+        held = []
+        for r in ("x", "y"):  # one each
+            held.append(asyncio.create_task(hop(r, 5.0)))
+            await asyncio.sleep(0.01)
+        queued = [asyncio.create_task(hop(r, 5.0)) for r in ("p", "q", "r")]
+        await asyncio.sleep(0.01)
+        assert a.sent[-1] == ["x"] and b.sent[-1] == ["y"]
+        b.gone, b.up = True, False
+        b.gate.set()
+        await asyncio.sleep(0.01)
+        a.gate.set()
+        assert await asyncio.gather(*held, *queued) == ["answer x", "answer y", "answer p", "answer q", "answer r"]
+        assert a.sent[-1] in (["y"], ["p", "q", "r"]) and ["y"] in a.sent
+
+    asyncio.run(go())
+
+
+def test_a_second_try_fails_as_it_finds_and_other_errors_are_not_tried_again() -> None:
+    async def go() -> None:
+        (a, b), hop = _gone(2, max_batch=1)  # unbatched: each call alone, the replicas in turn
+        a.gone = b.gone = True  # both die under their calls: once more, then the error stands
+        with pytest.raises(StageUnavailable, match="replica gone"):
+            await hop("1", 1.0)
+        assert a.sent == [["1"]] and b.sent == [["1"]] and hop.resent_elsewhere == 1
+        (only,), hop = _gone(1)  # a lone replica: nowhere else to go
+        only.gone = True
+        with pytest.raises(StageUnavailable):
+            await hop("1", 1.0)
+        assert only.sent == [["1"]] and hop.resent_elsewhere == 0
+        (a, b), hop = _gone(2)
+        with pytest.raises(BadRequest):  # the stage's own answer: not tried again
+            await hop("bad", 1.0)
+        assert a.sent == [["bad"]] and b.sent == [] and hop.resent_elsewhere == 0
+        (a, b), hop = _gone(2)
+        a.gone, b.up = True, False  # the other replica is down too: the error stands
+        with pytest.raises(StageUnavailable):
+            await hop("1", 1.0)
+        assert b.sent == [] and hop.resent_elsewhere == 0
+
+    asyncio.run(go())
+
+
 def test_a_queue_delay_lets_a_lone_call_wait_for_company() -> None:
     async def go() -> None:
         stage = Stage()
