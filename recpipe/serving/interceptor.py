@@ -33,7 +33,7 @@ from typing import Any, NoReturn
 import grpc
 from grpc import aio
 
-from recpipe.errors import RecpipeError, clip
+from recpipe.errors import RecpipeError, StageUnavailable, clip
 from recpipe.serving import malformed
 from recpipe.serving.metrics import ServerMetrics
 from recpipe.serving.outcomes import Outcome
@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 Behavior = Callable[..., Any]
 #: A status message longer than this is cut (the codec already cuts each quoted client value to 200).
 MAX_DETAILS = 1000
+#: how long a stopping server refuses new calls with no call being handled before gRPC's stop
+SETTLE_S = 0.02
 #: The status codes whose answers are expected outcomes, logged as counts.
 _EXPECTED: dict[grpc.StatusCode, Outcome] = {
     grpc.StatusCode.RESOURCE_EXHAUSTED: Outcome.REFUSED,
@@ -60,6 +62,24 @@ class ServingInterceptor(aio.ServerInterceptor):
         self._metrics = metrics
         self._wrapped: dict[str, grpc.RpcMethodHandler] = {}
         _UNSENT.interceptors.add(self)
+        #: the server is stopping: a new call of a recpipe service is refused UNAVAILABLE (``refuse_new``)
+        self.stopping = False
+        #: the unary calls being handled now
+        self.active = 0
+
+    async def refuse_new(self, until: float | None) -> None:
+        """From now on refuse new calls of the recpipe services UNAVAILABLE, and return once the calls
+        being handled are done and none has come for ``SETTLE_S`` (the ones that reached gRPC but no
+        handler yet meet the refusal rather than being cancelled by the server's stop), or at ``until``
+        (a ``time.monotonic()`` instant; None: no limit)."""
+        self.stopping = True
+        quiet_since = time.monotonic()
+        while until is None or time.monotonic() < until:
+            await asyncio.sleep(SETTLE_S / 4)
+            if self.active:
+                quiet_since = time.monotonic()
+            elif time.monotonic() - quiet_since >= SETTLE_S:
+                return
 
     def serves(self, method: str) -> bool:
         """Whether ``method`` ("/recpipe.v1.RankingService/Rank") is one of this server's."""
@@ -184,12 +204,16 @@ class ServingInterceptor(aio.ServerInterceptor):
     def _wrap(self, name: str, behavior: Behavior) -> Behavior:
         m = self._metrics.method(name)
         fail, ended = self._fail, self._ended
+        refusable = not name.startswith(("grpc.", "InfoService/"))  # health and reflection answer to the end
 
         async def handle(request: Any, context: aio.ServicerContext) -> Any:
             m.requests.inc()
             m.in_flight.inc()
+            self.active += 1
             start = time.perf_counter()
             try:
+                if self.stopping and refusable:
+                    raise StageUnavailable(f"{name}: the server is stopping")
                 reply = await behavior(request, context)
             except RecpipeError as e:
                 await fail(name, context, code_for(e), clip(e, MAX_DETAILS))
@@ -210,6 +234,7 @@ class ServingInterceptor(aio.ServerInterceptor):
             finally:
                 m.latency.observe(time.perf_counter() - start)
                 m.in_flight.dec()
+                self.active -= 1
 
         return handle
 

@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Coroutine
 from types import TracebackType
 from typing import Any, TypeVar
@@ -79,6 +80,7 @@ def build_server(
     connection_age: ConnectionAge | None = None,
     reuse_port: bool = False,
     own_port: int | None = None,
+    interceptor: ServingInterceptor | None = None,
 ) -> tuple[aio.Server, int]:
     """An unstarted server with ``stage``'s services, InfoService, health and reflection on host:port.
 
@@ -91,7 +93,7 @@ def build_server(
     options = [*SERVER_OPTIONS, *age.options()]
     if reuse_port:
         options = [("grpc.so_reuseport", 1) if key == "grpc.so_reuseport" else (key, value) for key, value in options]
-    server = aio.server(interceptors=[ServingInterceptor(metrics)], options=options)
+    server = aio.server(interceptors=[interceptor or ServingInterceptor(metrics)], options=options)
     stage.add_to_server(server)
     stage.metrics = metrics  # a batch or stream entry's error is counted under its method's (``CoreStage``)
     info_pb2_grpc.add_InfoServiceServicer_to_server(info.InfoServicer(stage.info), server)
@@ -128,8 +130,11 @@ class StageServer:
         health: HealthServicer,
         metrics: ServerMetrics,
         metrics_port: int | None,
+        interceptor: ServingInterceptor | None = None,
     ) -> None:
         self.stage = stage
+        #: refuses new calls once ``stop`` begins (None: a server built without one)
+        self.interceptor = interceptor
         self.server = server
         self.host = host
         self.port = port
@@ -156,8 +161,10 @@ class StageServer:
             await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         await health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
         metrics = ServerMetrics(stage.name)
+        interceptor = ServingInterceptor(metrics)
         server, bound = build_server(stage, host=host, port=port, health=health, metrics=metrics,
-                                     connection_age=connection_age, reuse_port=reuse_port, own_port=own_port)
+                                     connection_age=connection_age, reuse_port=reuse_port, own_port=own_port,
+                                     interceptor=interceptor)
         await server.start()
         mport = None
         if metrics_port is not None:
@@ -166,7 +173,7 @@ class StageServer:
             except OSError as e:
                 await server.stop(None)
                 raise UsageError(f"{stage.name}: cannot serve metrics on {host}:{metrics_port}: {e}") from e
-        return cls(stage, server, host, bound, health, metrics, mport)
+        return cls(stage, server, host, bound, health, metrics, mport, interceptor)
 
     async def load(self, *, loaded: bool = False) -> None:
         """Load the stage's state (unless ``loaded``: a warm standby loaded it before it took the port),
@@ -189,7 +196,12 @@ class StageServer:
 
     async def stop(self, grace: float | None = 5.0) -> None:
         """Report NOT_SERVING (readiness and liveness, before anything else, so probes and balancers stop
-        sending), refuse new RPCs, let in-flight ones finish within ``grace`` seconds."""
+        sending), refuse new RPCs, let in-flight ones finish within ``grace`` seconds.
+
+        New calls are refused UNAVAILABLE by the interceptor while the ones in flight finish, and only
+        then does gRPC's server stop: it cancels the calls that had reached it but that no handler had
+        taken up (grpc/grpc#10418), and a CANCELLED tells a client it cancelled the call itself (the
+        gateway stopped under 8 clients: 1-3 of their calls CANCELLED in 2 of 5 stops)."""
         if self._stopped:
             return
         self._stopped = True
@@ -198,9 +210,12 @@ class StageServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._readiness
         await self.health.enter_graceful_shutdown()
+        until = None if grace is None else time.monotonic() + grace
+        if self.interceptor is not None:
+            await self.interceptor.refuse_new(until)
         with contextlib.suppress(TimeoutError):  # a hop's streams end once answered, not after the grace
-            await asyncio.wait_for(self.stage.drain(), grace)
-        await self.server.stop(grace)
+            await asyncio.wait_for(self.stage.drain(), None if until is None else max(until - time.monotonic(), 0))
+        await self.server.stop(None if until is None else max(until - time.monotonic(), 0))
         await self.stage.close()
         self.metrics.close()
 
