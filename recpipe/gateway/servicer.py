@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import time
 
 from grpc import aio
 
@@ -14,9 +15,10 @@ from recpipe.gateway.chain import Chain
 from recpipe.gateway.clients import GrpcFeatureClient, GrpcRankingClient, GrpcRetrievalClient
 from recpipe.gateway.hops import replica_targets
 from recpipe.gateway.options import GatewayOptions
-from recpipe.gateway.readiness import ChainReadiness
+from recpipe.gateway.readiness import RIDE_THROUGH_S, ChainReadiness
 from recpipe.serving.affinity import chain_cores
 from recpipe.serving.stage import ReadinessWatch, Stage, StageInfo, check_deadline
+from recpipe.types import Recommendation
 from recpipe.v1 import recommend_pb2, recommend_pb2_grpc
 
 SERVICE_NAME = recommend_pb2.DESCRIPTOR.services_by_name["RecommendService"].full_name
@@ -93,6 +95,32 @@ class GatewayStage(Stage):
         return StageInfo(self.name, "cpu", version, 1, {**self.targets, "max_in_flight": str(self.admission.max_in_flight),
                                                          **hops, **wait, "transport": transport})
 
+    async def _recommend(self, request: recommend_pb2.RecommendRequest, deadline: float | None) -> Recommendation:
+        """The chain's answer. While the health checks see a stage down (killed, frozen) the query waits
+        for it to come back, ``RIDE_THROUGH_S`` at most and never past the last tenth of its time: a
+        killed stage's standby is back in 0.3-0.5 s, so the query is answered late rather than refused;
+        a stage down longer fails the query UNAVAILABLE, before its deadline. A query whose stage went
+        down under it (UNAVAILABLE with no replica left to take its call, ``recpipe.gateway.hops``) waits
+        for the next round of checks, then the same way, and runs once more: the stages only read."""
+        assert self.chain is not None
+        now = time.monotonic()
+        until = now + RIDE_THROUGH_S if deadline is None else now + min(RIDE_THROUGH_S, (deadline - now) * 0.9)
+        for attempt in (0, 1):
+            if self._readiness is not None:
+                down = await self._readiness.ride_through(until)
+                if down is not None:
+                    name, status = down
+                    raise StageUnavailable(
+                        f"{name} unavailable at {self.targets[name]}: {status} (the gateway's health check)")
+            try:
+                return await self.chain.recommend(
+                    int(request.user_id), int(request.num_candidates), int(request.num_results), deadline)
+            except StageUnavailable:
+                if attempt or self._readiness is None or time.monotonic() >= until:
+                    raise
+                await self._readiness.next_round(until)
+        raise AssertionError("unreachable")
+
     async def close(self) -> None:
         if self._clients is not None:
             for client in self._clients:
@@ -104,18 +132,10 @@ class GatewayStage(Stage):
         deadline = check_deadline(context, self.name)
         if self.chain is None:
             raise StageUnavailable("gateway: still starting")
-        # Fail fast while the health checks see a stage down (crashed, frozen): waiting out the deadline
-        # on it would tell the caller nothing more, later.
-        down = self._readiness.down() if self._readiness is not None else None
-        if down is not None:
-            name, status = down
-            raise StageUnavailable(f"{name} unavailable at {self.targets[name]}: {status} (the gateway's health check)")
         started = self.admission.admit(deadline)
         completed = False
         try:
-            rec = await self.chain.recommend(
-                int(request.user_id), int(request.num_candidates), int(request.num_results), deadline
-            )
+            rec = await self._recommend(request, deadline)
             completed = True
         finally:
             self.admission.release(started, completed)
