@@ -53,6 +53,7 @@ def test_queries_past_their_deadline_count_in_the_tail(freezes: TestServerProces
     assert any(line.split()[:2] == ["+", "failed"] for line in captured.out.splitlines()), captured.out
     assert "counting the" in captured.err and "unanswered until their deadline" in captured.err
     assert any("unanswered until their deadline" in w for w in doc["warnings"])
-    # The achieved rate is of the answered queries (a failed one was offered, not served): ~80 of 100 q/s.
-    assert doc["achieved_rate"] == pytest.approx(doc["ok"] / 2.5, rel=0.05)
+    # The achieved rate is of the answered queries (a failed one was offered, not served): ~80 of 100 q/s,
+    # over the measured window: 2.5 s, or up to a freeze and a deadline longer when the run ends in one.
+    assert doc["ok"] / (2.5 + 0.4 + 0.15 + 0.1) <= doc["achieved_rate"] <= doc["ok"] / 2.5 * 1.001
     assert any(w.startswith("achieved ") and "could not keep up" in w for w in doc["warnings"])

@@ -10,6 +10,7 @@ import pytest
 
 from recpipe.querygen.histogram import LatencyHistogram
 from recpipe.querygen.recorder import Measurement, Recorder, merge
+from recpipe.querygen.session import achieved_rate
 from recpipe.querygen.slo import SloSearch, SloStep, find_max_rate
 
 
@@ -98,6 +99,17 @@ def test_a_query_that_fails_before_its_deadline_counts_as_unanswered_until_then(
     step = SloStep.of(100.0, 98.0, m)
     assert step.p99_us == pytest.approx(500_000, rel=1e-3) and step.errors == 2 and step.queries == 100
     assert not step.meets(5000, 0.05, 0.9)
+
+
+
+def test_the_achieved_rate_counts_answered_queries_only() -> None:
+    """A server that fails 2 of 10 queries fast achieves 8 a second, not 10."""
+    rec = Recorder(measure_from=0.0)
+    for i in range(8):
+        rec.ok(i * 0.1, i * 0.1, i * 0.1 + 0.005, [])
+    rec.error(0.8, 0.8, 0.801, "RESOURCE_EXHAUSTED")
+    rec.error(0.9, 0.9, 0.901, "UNAVAILABLE")
+    assert achieved_rate(rec.finish(deadline_s=0.5), 0.0, 1.0) == pytest.approx(8.0)
 
 
 def _queue(capacity: float, base_us: float = 2000.0):  # type: ignore[no-untyped-def]
