@@ -8,7 +8,9 @@
                   "data_paths": {...}},
      "not_run": {"slo": "budget of 60 s spent", ...}}
 
-A section is in ``sections`` only once it finished, so a rerun with the same --out skips it. A document
+A section is in ``sections`` once it ran, so a rerun with the same --out skips it, unless the budget
+cut it short (``cut_short``: the sweep stopped for it, or an SLO bound or a micro-benchmark was left
+out): a rerun measures that section again, and until then ``not_run`` names what it lacks. A document
 written before a section existed (``data_paths``, and ``transfers_per_query`` in ``sequential``) is
 still read: the report says "not measured" where it lacks one, and says nothing of a part it lacks
 (``load`` and ``compute_cpu_s_per_query`` in ``sequential`` and the sweep's points).
@@ -46,6 +48,18 @@ def new(settings: dict[str, Any]) -> dict[str, Any]:
 def save(path: Path, doc: dict[str, Any]) -> None:
     doc["updated_utc"] = now_utc()
     write_json(path, doc, force=True)
+
+
+def cut_short(name: str, block: dict[str, Any]) -> str | None:
+    """What the budget left out of a section that ran (None where it ran whole): a rerun measures it again."""
+    if name == "sweep" and block.get("stop_reason") == "budget spent":
+        return f"cut short by the budget after {len(block.get('points') or [])} points"
+    left = block.get("skipped_for_budget_ms") if name == "slo" else block.get("skipped_for_budget") if name == "micro" \
+        else None
+    if left:
+        what = "bounds " + ", ".join(f"{b:g} ms" for b in left) if name == "slo" else ", ".join(left)
+        return f"cut short by the budget: {what} not run"
+    return None
 
 
 def peek_format(path: str | Path) -> str | None:

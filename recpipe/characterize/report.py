@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from recpipe.characterize import cpu_probe, datapaths, load
+from recpipe.characterize import cpu_probe, datapaths, document, load
 from recpipe.config import STEPS
 from recpipe.gateway import STEP_STAGES
 from recpipe.querygen.config import STEADY_P99_QUERIES
@@ -138,8 +138,8 @@ def markdown(doc: dict[str, Any], charts: tuple[str, ...] = CHARTS) -> str:
     s = doc["settings"]
     out = ["# recpipe characterization", "", f"{title(doc)}; recpipe {doc['recpipe_version']}, "
            f"started {doc['started_utc']}, updated {doc['updated_utc']}", ""]
-    if doc.get("not_run"):
-        out += ["**Not run:** " + "; ".join(f"{k} ({v})" for k, v in doc["not_run"].items()), ""]
+    if left := not_run(doc):
+        out += ["**Not run or cut short:** " + "; ".join(f"{k} ({v})" for k, v in left.items()), ""]
     if plat := sec.get("platform"):
         mem = plat.get("memory_bytes")
         gpus = ", ".join(f"{g['name']} {g['memory']} driver {g['driver']}" for g in plat.get("gpus") or []) or "none"
@@ -233,6 +233,13 @@ def markdown(doc: dict[str, Any], charts: tuple[str, ...] = CHARTS) -> str:
     out += data_paths_markdown(doc)
     out += [f"![{c}]({c})" for c in charts]
     return "\n".join(out) + "\n"
+
+
+def not_run(doc: dict[str, Any]) -> dict[str, str]:
+    """Why each section is missing or incomplete: the document's ``not_run``, and the sections the budget cut
+    short (``document.cut_short``; a document from before ``not_run`` said so names them only there)."""
+    short = {name: why for name, block in doc["sections"].items() if (why := document.cut_short(name, block))}
+    return {**short, **(doc.get("not_run") or {})}
 
 
 def unmet_line(search: dict[str, Any], seq: dict[str, Any] | None, peak: float | None) -> str:
@@ -484,6 +491,6 @@ def summary(doc: dict[str, Any]) -> str:
                      f"{sum(1 for b in micro['benches'] if b['error'])} failed")
     if paths := sec.get("data_paths"):
         lines.append("data paths: " + paths_headline(paths))
-    if doc.get("not_run"):
-        lines.append(f"not run (budget): {', '.join(doc['not_run'])}")
+    if left := not_run(doc):
+        lines.append(f"not run or cut short (budget): {', '.join(left)}")
     return "\n".join(lines)

@@ -1,7 +1,8 @@
 """Runs the sections of a characterization in order, saving the document after each one.
 
-A finished section (present in the document) is skipped on a rerun; a section is not started once
-the budget is spent, and the document says which were not run and why. The chain of stage processes
+A finished section (present in the document) is skipped on a rerun, save one the budget cut short
+(``document.cut_short``), which runs again whole; a section is not started once the budget is spent,
+and the document says which were not run, or cut short, and why. The chain of stage processes
 is started only when a serving section is still to run; the data paths run last, in this process, on
 an idle GPU.
 """
@@ -27,18 +28,22 @@ def run(settings: Settings, out: Path, doc: dict[str, Any], log_level: str) -> d
         return settings.budget_s - (time.monotonic() - t0)
 
     done = doc["sections"]
-    todo = [s for s in document.SECTIONS if s not in done]
+    todo = [s for s in document.SECTIONS if s not in done or document.cut_short(s, done[s])]
     for name in document.SECTIONS:
-        if name in done:
+        if name in done and name not in todo:
             sections.say(f"{name}: finished in an earlier run, skipped")
+        elif name in done:
+            sections.say(f"{name}: {document.cut_short(name, done[name])} in an earlier run, measured again")
     doc["not_run"] = {}
 
     def finish(name: str, block: dict[str, Any], started: float) -> None:
         block["elapsed_s"] = round(time.monotonic() - started, 2)
         block["finished_utc"] = document.now_utc()
         done[name] = block
+        if short := document.cut_short(name, block):
+            doc["not_run"][name] = short
         document.save(path, doc)
-        sections.say(f"{name}: done in {block['elapsed_s']:.1f} s, saved to {path}")
+        sections.say(f"{name}: {short or 'done'} in {block['elapsed_s']:.1f} s, saved to {path}")
 
     def out_of_budget(name: str) -> bool:
         if time_left() > 0:
@@ -81,5 +86,6 @@ def run(settings: Settings, out: Path, doc: dict[str, Any], log_level: str) -> d
         finish("data_paths", sections.data_paths_section(settings), started)
     document.save(path, doc)
     if doc["not_run"]:
-        sections.say(f"not run for lack of budget: {', '.join(doc['not_run'])} (rerun with the same --out to resume)")
+        sections.say(f"not run or cut short for lack of budget: {', '.join(doc['not_run'])} (rerun with the same "
+                     "--out to resume)")
     return doc
