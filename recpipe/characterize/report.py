@@ -86,7 +86,7 @@ def stages_figure(doc: dict[str, Any]) -> Any:
     if seq := doc["sections"].get("sequential"):
         columns.append(("sequential", seq["stages"]))
     for p in (doc["sections"].get("sweep") or {}).get("points") or []:
-        columns.append((f"{p['concurrency']} client{'s' * (p['concurrency'] != 1)}", p["stages"]))
+        columns.append((clients(p["concurrency"]), p["stages"]))
     names = [c[0] for c in columns]
     bottom = [0.0] * len(columns)
     for stage in STEPS:
@@ -186,6 +186,8 @@ def markdown(doc: dict[str, Any], charts: tuple[str, ...] = CHARTS) -> str:
             if loaded:
                 cells.append("-" if busy is None else f"{busy:.0%}")
             out.append("| " + " | ".join(cells) + " |")
+        if failed := failures(doc, [(clients(p["concurrency"]), p) for p in sweep["points"]]):
+            out += ["", f"**Failed queries:** {failed}"]
         peak = next((p for p in sweep["points"] if p["concurrency"] == sweep["peak_concurrency"]), None)
         out += ["", *_tail_line(f"At the sweep's peak ({sweep['peak_concurrency']} clients)",
                                 peak.get("attribution") if peak else None), *_gpu_line(sweep)]
@@ -203,6 +205,9 @@ def markdown(doc: dict[str, Any], charts: tuple[str, ...] = CHARTS) -> str:
             thin = thin or any(n is not None and n < STEADY_P99_QUERIES for n in counts)
             out.append(f"| {srch['p99_bound_ms']:g} | {'none met' if rate is None else f'{rate:.1f}'} | "
                        f"{len(srch['curve'])} | {' / '.join('-' if n is None else str(n) for n in counts)} |")
+        for srch in slo["searches"]:
+            if failed := failures(doc, [(f"{st['target_rate']:.1f} q/s", st) for st in srch["curve"]]):
+                out.append(f"\n**p99 <= {srch['p99_bound_ms']:g} ms, failed queries:** {failed}")
         peak_rate = (sec.get("sweep") or {}).get("peak_throughput")
         out += [line for srch in slo["searches"] if (line := unmet_line(srch, seq, peak_rate))]
         if slo.get("skipped_for_budget_ms"):
@@ -233,6 +238,24 @@ def markdown(doc: dict[str, Any], charts: tuple[str, ...] = CHARTS) -> str:
     out += data_paths_markdown(doc)
     out += [f"![{c}]({c})" for c in charts]
     return "\n".join(out) + "\n"
+
+
+def clients(n: int) -> str:
+    return f"{n} client{'s' * (n != 1)}"
+
+
+def failures(doc: dict[str, Any], runs: list[tuple[str, dict[str, Any]]]) -> str:
+    """``"1,364 of 1,442 at 2 clients; ..."`` for each of ``runs`` (a sweep point or an SLO step, by name) with
+    failed queries, and how its latencies count them; empty where none failed. A failed query is no answer:
+    since the sequential section kept ``end_to_end_all``, the sweep and SLO p50/p99 count each until its
+    deadline at least (however fast it failed); before, they left it out."""
+    failed = [f"{int(r['errors']):,} of {int(r['queries']):,} at {name}" for name, r in runs if r.get("errors")]
+    if not failed:
+        return ""
+    counted = ("each counts in p50/p99 as unanswered until its deadline at least, and not in q/s"
+               if "end_to_end_all" in (doc["sections"].get("sequential") or {}) else
+               "p50/p99 leave them out (a document from before failed queries were counted)")
+    return "; ".join(failed) + f" ({counted})."
 
 
 def not_run(doc: dict[str, Any]) -> dict[str, str]:
@@ -480,8 +503,9 @@ def summary(doc: dict[str, Any]) -> str:
         lines.append("sequential p50 ms: " + ", ".join(f"{s} {_ms(seq['stages'][s]['p50_us'])}" for s in STEPS)
                      + f"; end to end {_ms(seq['end_to_end']['p50_us'])} (p99 {_ms(seq['end_to_end']['p99_us'])})")
     if sweep := sec.get("sweep"):
-        lines.append(f"sweep: peak {sweep['peak_throughput'] or 0:.1f} q/s at {sweep['peak_concurrency']} clients "
-                     f"({sweep['stop_reason']})")
+        failed = sum(int(p.get("errors") or 0) for p in sweep["points"])
+        lines.append(f"sweep: peak {sweep['peak_throughput'] or 0:.1f} q/s at {clients(sweep['peak_concurrency'] or 0)} "
+                     f"({sweep['stop_reason']})" + (f"; {failed:,} queries failed" if failed else ""))
     if slo := sec.get("slo"):
         lines.append("slo: " + ", ".join(f"p99 <= {s['p99_bound_ms']:g} ms: "
                                          + ("none" if s["max_rate"] is None else f"{s['max_rate']:.1f} q/s")

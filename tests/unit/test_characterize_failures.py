@@ -1,0 +1,44 @@
+"""Failed queries in the sweep and the SLO steps: the report says how many failed where, and how its p50/p99
+count them, instead of a bare p50 of 10 s (each failed query counts until its deadline)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+from recpipe.characterize import compare, report
+
+OLD = Path(__file__).parent.parent / "data" / "characterization_h200_03a97ac.json"
+
+
+def _failing() -> dict[str, Any]:
+    """A document as ``--serve-arg=--max-in-flight=1`` left it: most queries of 16 clients refused."""
+    doc = json.loads(OLD.read_text())
+    sec = doc["sections"]
+    sec["sequential"]["end_to_end_all"] = sec["sequential"]["end_to_end"]  # a document that counts failures
+    point = sec["sweep"]["points"][-1]
+    point.update(errors=1364, queries=1442, p50_us=10_002_431, p99_us=10_002_431)
+    sec["slo"]["searches"][0]["curve"][0].update(errors=40, queries=130)
+    return doc
+
+
+def test_the_report_names_the_failed_queries_of_sweep_points_and_slo_steps() -> None:
+    doc = _failing()
+    text = report.markdown(doc)
+    assert ("**Failed queries:** 1,364 of 1,442 at 16 clients (each counts in p50/p99 as unanswered until its "
+            "deadline at least, and not in q/s).") in text
+    step = doc["sections"]["slo"]["searches"][0]["curve"][0]
+    assert f"**p99 <= 10 ms, failed queries:** 40 of 130 at {step['target_rate']:.1f} q/s" in text
+    assert "; 1,364 queries failed" in report.summary(doc)
+    # a document from before failed queries were counted says its latencies leave them out
+    del doc["sections"]["sequential"]["end_to_end_all"]
+    assert "p50/p99 leave them out" in report.markdown(doc)
+
+
+def test_the_comparison_names_each_runs_failed_sweep_points() -> None:
+    good, bad = json.loads(OLD.read_text()), _failing()
+    text = compare.markdown([("a", good), ("b", copy.deepcopy(bad))])
+    assert "- b's failed queries: 1,364 of 1,442 at 16 clients" in text and "- a's failed queries" not in text
+    assert "Failed queries" not in report.markdown(good)
