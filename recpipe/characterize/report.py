@@ -22,8 +22,9 @@ from recpipe.config import STEPS
 from recpipe.gateway import STEP_STAGES
 from recpipe.querygen.config import STEADY_P99_QUERIES
 from recpipe.querygen.output import write_atomic
-from recpipe.querygen.plots import _COLORS, _figure, _save
+from recpipe.querygen.plots import _COLORS, _figure, _save, plain_log_axis
 from recpipe.querygen.slo import knee
+from recpipe.querygen.table import supported
 
 MARKDOWN = "report.md"
 CHARTS = ("curve.png", "stages.png", "split.png")
@@ -49,31 +50,49 @@ def title(doc: dict[str, Any]) -> str:
 
 
 def curve_figure(runs: list[tuple[str, dict[str, Any]]]) -> Any:
+    """End-to-end p50 and p99 against throughput per sweep point, on a log latency axis (a point whose failed
+    queries count until their deadline sits 1,000x above the others), with each sweep's p99 bound drawn;
+    a p99 from under 100 queries (the slowest of them) is ringed, a point with failed queries crossed."""
     fig = _figure()
     ax = fig.add_subplot(1, 1, 1)
-    drawn = False
+    values: list[float] = []
+    bounds: dict[float, None] = {}
+    few_label = failed_label = ""
     for i, (label, doc) in enumerate(runs):
-        points = (doc["sections"].get("sweep") or {}).get("points") or []
+        sweep = doc["sections"].get("sweep") or {}
+        points = sweep.get("points") or []
         if not points:
             continue
-        drawn = True
         x = [p["throughput"] for p in points]
         color = f"C{i}"
         prefix = f"{label}: " if len(runs) > 1 else ""
         ax.plot(x, [p["p50_us"] / 1000 for p in points], "o-", color=color, label=f"{prefix}p50")
         ax.plot(x, [p["p99_us"] / 1000 for p in points], "s--", color=color, label=f"{prefix}p99")
+        values += [v / 1000 for p in points for v in (p["p50_us"], p["p99_us"]) if v > 0]
+        if sweep.get("p99_bound_ms"):
+            bounds[float(sweep["p99_bound_ms"])] = None
         for p in points:
             ax.annotate(f"{p['concurrency']}", (p["throughput"], p["p99_us"] / 1000), textcoords="offset points",
                         xytext=(-6, 6), ha="right", fontsize=8, color=color)  # up-left: clear of the line
-    if not drawn:
-        ax.text(0.5, 0.5, "no sweep points", ha="center", va="center", transform=ax.transAxes)
-    ax.set_xlabel("throughput (queries/s)")
-    ax.set_ylabel("end-to-end latency (ms)")
-    ax.margins(y=0.1)  # room above the highest point for its client count
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    if drawn:
+            if not supported(99.0, int(p.get("queries") or 0)):
+                ax.plot(p["throughput"], p["p99_us"] / 1000, "o", markersize=12, markerfacecolor="none",
+                        markeredgecolor="black", label=few_label or "p99 from < 100 queries (not supported)")
+                few_label = "_"
+            if p.get("errors"):
+                ax.plot(p["throughput"], p["p99_us"] / 1000, "x", markersize=10, color="red",
+                        label=failed_label or "point with failed queries (each counted until its deadline)")
+                failed_label = "_"
+    for bound in bounds:
+        ax.axhline(bound, color="red", alpha=0.5, linestyle=":", label=f"sweep's p99 bound: {bound:g} ms")
+    if values:
+        plain_log_axis(ax, "y", min(values), max(values), extra=bounds)
+        ax.set_ylim(top=ax.get_ylim()[1] * 1.5)  # room above the highest point for its client count
         ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no sweep points", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("throughput (answered queries/s)")
+    ax.set_ylabel("end-to-end latency (ms, log scale)")
+    ax.grid(alpha=0.3)
     ax.set_title("closed-loop concurrency sweep (numbers: clients)", fontsize=10)
     fig.suptitle(title(runs[0][1]) if len(runs) == 1 else "characterizations compared", fontsize=9)
     return fig

@@ -42,3 +42,15 @@ def test_the_comparison_names_each_runs_failed_sweep_points() -> None:
     text = compare.markdown([("a", good), ("b", copy.deepcopy(bad))])
     assert "- b's failed queries: 1,364 of 1,442 at 16 clients" in text and "- a's failed queries" not in text
     assert "Failed queries" not in report.markdown(good)
+
+
+def test_the_curve_marks_failed_points_and_thin_p99s_on_a_log_axis_with_the_sweeps_bound() -> None:
+    doc = _failing()
+    doc["sections"]["sweep"]["points"][0]["queries"] = 56  # a quick run's 1 s at one client: its p99 is its slowest
+    ax = report.curve_figure([("", doc)]).axes[0]
+    labels = ax.get_legend_handles_labels()[1]
+    assert ax.get_yscale() == "log"  # the failed point's 10 s would flatten the others on a linear axis
+    assert "point with failed queries (each counted until its deadline)" in labels
+    assert "p99 from < 100 queries (not supported)" in labels
+    assert "sweep's p99 bound: 200 ms" in labels
+    assert ax.get_ylim()[1] > 10_002 and ax.get_ylim()[0] < 8  # the failed point and the fastest p50 both shown
