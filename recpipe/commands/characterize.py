@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -70,8 +71,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--scale must be in (0, 1], got {args.scale}")
     if args.epochs is not None and args.epochs < 1:
         raise UsageError(f"--epochs must be >= 1, got {args.epochs}")
-    if not args.budget_s > 0:
-        raise UsageError(f"--budget-s must be > 0, got {args.budget_s:g}")
+    if not 0 < args.budget_s < math.inf:  # inf would be written as Infinity, which is not JSON
+        raise UsageError(f"--budget-s must be a number of seconds > 0, got {args.budget_s:g}")
     at_least(1, ("--num-candidates", args.num_candidates), ("--num-results", args.num_results))
     at_least(0, ("--workers", args.workers), ("--seed", args.seed))
     processes = parse_processes(args.generator_processes, "--generator-processes")
@@ -158,14 +159,16 @@ def _sizes(base: Any, args: argparse.Namespace) -> Any:
 
     changes: dict[str, Any] = {}
     if args.sweep_p99_ms is not None:
+        if not 0 < args.sweep_p99_ms < math.inf:
+            raise UsageError(f"--sweep-p99-ms must be a number of ms > 0, got {args.sweep_p99_ms:g}")
         changes["sweep_p99_ms"] = args.sweep_p99_ms
     if args.slo_p99_ms is not None:
         try:
             bounds = tuple(float(x) for x in args.slo_p99_ms.split(","))
         except ValueError:
             raise UsageError(f"--slo-p99-ms takes numbers separated by commas, got {args.slo_p99_ms!r}") from None
-        if not bounds or not all(b > 0 for b in bounds):
-            raise UsageError(f"--slo-p99-ms bounds must be > 0, got {args.slo_p99_ms!r}")
+        if not bounds or not all(0 < b < math.inf for b in bounds):
+            raise UsageError(f"--slo-p99-ms bounds must be numbers of ms > 0, got {args.slo_p99_ms!r}")
         changes["slo_bounds_ms"] = bounds
     return dataclasses.replace(base, **changes)
 
