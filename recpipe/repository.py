@@ -137,6 +137,21 @@ def check_replaceable(out: Path, force: bool) -> None:
         raise UsageError(f"--out {out} already holds a model repository; pass --force to replace it")
 
 
+def _check_listing(path: Path, manifest: dict[str, Any]) -> None:
+    """The manifest's ``files`` maps names to {sha256, bytes}, and ``version``/``dataset_sha256`` are
+    strings: an edited manifest is an ``ArtifactMismatch`` here, not an AttributeError in a stage."""
+    for key in ("version", "dataset_sha256"):
+        if not isinstance(manifest[key], str):
+            raise ArtifactMismatch(f"{path}: manifest {key!r} is not a string")
+    files = manifest["files"]
+    if not isinstance(files, dict):
+        raise ArtifactMismatch(f"{path}: manifest 'files' is not an object of name -> {{sha256, bytes}}")
+    for name, entry in files.items():
+        if not (isinstance(entry, dict) and isinstance(entry.get("sha256"), str)
+                and type(entry.get("bytes")) is int):
+            raise ArtifactMismatch(f"{path}: manifest entry for {clip(str(name))!r} is not {{sha256, bytes}}")
+
+
 @dataclass
 class Repository:
     """An opened model repository. ``file(name)`` returns a verified path; ``section(key)`` a manifest part."""
@@ -160,6 +175,7 @@ class Repository:
                 raise ArtifactMismatch(f"{path}: manifest has no {key!r}")
         if manifest.get("format") != REPOSITORY_FORMAT:
             raise ArtifactMismatch(f"{path}: unsupported repository format {manifest.get('format')!r}")
+        _check_listing(path, manifest)
         return cls(root, manifest)
 
     @property

@@ -118,3 +118,25 @@ def test_a_dataset_given_as_models_and_a_repository_given_as_data_say_so(tmp_pat
         Repository.open(data)
     with pytest.raises(ArtifactMismatch, match=r"models is a model repository \(recpipe train --out\), not a dataset"):
         load_manifest(models)
+
+
+def _files_to_list(m: dict) -> None:
+    m["files"] = list(m["files"])
+
+
+def _entry_to_string(m: dict) -> None:
+    m["files"]["ranking/dlrm.json"] = "abc"
+
+
+def _version_as_object(m: dict) -> None:
+    m["version"] = {"v": 1}
+
+
+@pytest.mark.parametrize("edit", [_files_to_list, _entry_to_string, _version_as_object])
+def test_an_edited_manifest_is_an_artifact_mismatch_naming_it(repo_copy: Path, edit) -> None:
+    # before: AttributeError/TypeError tracebacks from the stage that first asked for a file
+    manifest = read_json(repo_copy / MANIFEST)
+    edit(manifest)
+    (repo_copy / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactMismatch, match=r"manifest\.json"):
+        RankingCore.load(repo_copy, device="cpu")
