@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import shutil
 import tempfile
@@ -107,6 +108,16 @@ class TableFile:
                 self.sha256 = self._sink.sha.hexdigest()
 
 
+def _is_dataset_manifest(path: Path) -> bool:
+    """Whether ``path`` is the manifest ``recpipe synth-data`` writes (any schema version): the mark
+    that the files beside it are a dataset of ours, which ``--force`` may replace."""
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and "schema_version" in manifest and isinstance(manifest.get("sha256"), dict)
+
+
 class DatasetDir:
     """Write a dataset into a hidden temporary sibling of ``out`` and move it into place on success.
 
@@ -127,10 +138,13 @@ class DatasetDir:
             raise UsageError(f"{out} exists and is not a directory")
         if out.is_dir():
             entries = sorted(p.name for p in out.iterdir())
-            foreign = [e for e in entries if e not in DATASET_FILES]
+            foreign = [e for e in entries if e not in DATASET_FILES or (out / e).is_symlink() or not (out / e).is_file()]
             if foreign:
                 raise UsageError(f"{out} holds files that are not part of a dataset ({', '.join(foreign[:3])}); "
                                  "choose a new or empty directory")
+            if entries and not _is_dataset_manifest(out / MANIFEST_NAME):
+                raise UsageError(f"{out} holds {', '.join(entries[:3])} but no recpipe dataset manifest: not "
+                                 "replacing files that may not be ours; choose a new or empty directory")
             if entries and not self.force:
                 raise UsageError(f"{out} already holds a dataset; pass --force to replace it")
         existing = out.absolute().parent  # missing parents are created, like mkdir -p

@@ -230,6 +230,44 @@ def test_directory_with_foreign_files_is_never_replaced(tmp_path: Path) -> None:
     assert os.listdir(out) == ["notes.txt"]
 
 
+def _dir_named_like_a_table(out: Path) -> None:
+    (out / "users.parquet").mkdir()
+    (out / "users.parquet" / "notes.txt").write_text("mine")
+
+
+def _symlink_named_like_a_table(out: Path) -> None:
+    (out.parent / "target").write_text("mine")
+    (out / "items.parquet").symlink_to(out.parent / "target")
+
+
+def _own_parquet_without_manifest(out: Path) -> None:
+    (out / "users.parquet").write_text("someone's own users table")
+
+
+def _other_tools_manifest(out: Path) -> None:
+    (out / "manifest.json").write_text('{"name": "my-app"}')
+
+
+def _tree(d: Path) -> dict[str, object]:
+    return {p.relative_to(d).as_posix(): (p.is_symlink(), p.read_bytes() if p.is_file() else None)
+            for p in sorted(d.rglob("*"))}
+
+
+@pytest.mark.parametrize("plant", [_dir_named_like_a_table, _symlink_named_like_a_table,
+                                   _own_parquet_without_manifest, _other_tools_manifest])
+def test_files_named_like_a_dataset_but_not_ours_survive_force(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                plant) -> None:
+    # before: --force moved the directory aside and deleted it, with what the user kept there
+    out = tmp_path / "d"
+    out.mkdir()
+    plant(out)
+    before = _tree(tmp_path)
+    assert main(["synth-data", "--out", str(out), "--scale", "0.001", "--force", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("recpipe: error:")
+    assert _tree(tmp_path) == before
+
+
 def test_missing_parents_are_created(tmp_path: Path) -> None:
     out = tmp_path / "a" / "b" / "d"
     assert main(["synth-data", "--out", str(out), "--scale", "0.001", "--quiet"]) == 0
