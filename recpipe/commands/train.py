@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="hold back the latest share F of the training rows to choose the DLRM's epoch "
                              "(stop early, keep the best); 0 trains on every row and keeps the last epoch "
                              "(default: 0 for dot, 0.1 for dcn, whose cross layers memorise)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="random seed, 0..2**31-1 (default 0)")
     parser.add_argument("--index", default="auto", choices=INDEX_CHOICES,
                         help="FAISS index; auto = the fastest at k = 500 reaching recall@500 >= 0.95 against exact search")
     parser.add_argument("--preprocess", default="polars", choices=PREPROCESS_CHOICES,
@@ -46,14 +46,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from recpipe.training.config import TrainConfig
+    from recpipe.training.config import MAX_SEED, MAX_THREADS, TrainConfig
 
     if args.epochs is not None and args.epochs < 1:
         raise UsageError(f"--epochs must be >= 1, got {args.epochs}")
-    if args.threads < 0:
-        raise UsageError(f"--threads must be >= 0, got {args.threads}")
-    if args.seed < 0:
-        raise UsageError(f"--seed must be >= 0, got {args.seed}")
+    if not 0 <= args.threads <= MAX_THREADS:
+        raise UsageError(f"--threads must be in 0..{MAX_THREADS}, got {args.threads}")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise UsageError(f"--seed must be in 0..{MAX_SEED}, got {args.seed}")
     if args.val_fraction is not None and not 0 <= args.val_fraction < 0.5:
         raise UsageError(f"--val-fraction must be in [0, 0.5), got {args.val_fraction}")
     data = Path(args.data)

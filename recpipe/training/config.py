@@ -15,6 +15,11 @@ VAL_FRACTION_AUTO = {"dot": 0.0, "dcn": 0.1}
 #: over 4). DCN stops early at 2 or 3; its cosine schedule over 8 planned epochs decays too slowly
 #: for that (0.7643 against 0.7677 over 4)
 RANKING_EPOCHS_AUTO = {"dot": 8, "dcn": 4}
+#: FAISS's k-means seed (``ClusteringParameters.seed``) is a C int: a larger one failed the IVF build
+#: with an OverflowError after both models had trained
+MAX_SEED = 2**31 - 1
+#: torch's thread pool segfaulted at 100,000 threads; no machine recpipe runs on has more than this
+MAX_THREADS = 1024
 
 
 @dataclass(frozen=True)
@@ -138,10 +143,10 @@ class TrainConfig:
             raise ValueError("epochs must be >= 1")
         if self.index not in INDEX_CHOICES:
             raise ValueError(f"index must be one of {', '.join(INDEX_CHOICES)}")
-        if self.threads < 0:
-            raise ValueError("threads must be >= 0")
-        if self.seed < 0:
-            raise ValueError("seed must be >= 0")
+        if not 0 <= self.threads <= MAX_THREADS:
+            raise ValueError(f"threads must be in 0..{MAX_THREADS}")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"seed must be in 0..{MAX_SEED}")
         if self.history_len < 0 or self.max_vocab < 2:
             raise ValueError("history_len must be >= 0 and max_vocab >= 2")
         if self.interaction not in ("dot", "dcn"):

@@ -261,10 +261,23 @@ def test_refuses_to_overwrite_without_force(small_models: Path, small_dataset: P
 
 
 @pytest.mark.parametrize("args", [["--epochs", "0"], ["--seed", "-1"], ["--index", "lsh"], ["--device", "tpu"],
-                                  ["--threads", "-1"], ["--val-fraction", "0.5"], ["--val-fraction", "-0.1"]])
-def test_bad_arguments_exit_2(args: list[str], small_dataset: Path, tmp_path: Path) -> None:
+                                  ["--threads", "-1"], ["--val-fraction", "0.5"], ["--val-fraction", "-0.1"],
+                                  # before: an OverflowError traceback from FAISS's k-means seed after
+                                  # training, one from torch.manual_seed, and a segfault of torch's pool
+                                  ["--seed", str(2**31)], ["--seed", str(10**20)], ["--threads", "100000"]])
+def test_bad_arguments_exit_2(args: list[str], small_dataset: Path, tmp_path: Path, capsys) -> None:
     assert main(["train", "--data", str(small_dataset), "--out", str(tmp_path / "m"), "--quiet", *args]) == 2
     assert not (tmp_path / "m").exists()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("recpipe: error:")
+
+
+def test_the_largest_seed_builds_an_ivf_index() -> None:
+    from recpipe.retrieval.index import train_centroids
+    from recpipe.training.config import MAX_SEED
+
+    emb = np.random.default_rng(0).standard_normal((2000, 8)).astype(np.float32)
+    assert train_centroids(emb, seed=MAX_SEED).shape[1] == 8
 
 
 def test_missing_data_dir_exit_2(tmp_path: Path) -> None:
