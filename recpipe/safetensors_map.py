@@ -42,10 +42,15 @@ def map_safetensors(path: Path, *, prefault: bool = False) -> tuple[dict[str, np
     rounds). The mapping is returned at once: start-up does not wait for it."""
     try:
         with open(path, "rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            header = json.loads(f.read(n))
-            meta = header.pop("__metadata__", None) or {}
             size = f.seek(0, 2)
+            f.seek(0)
+            n = int.from_bytes(f.read(8), "little")
+            if not 0 < n <= size - 8:  # read as is, a forged length asks for exabytes (MemoryError)
+                raise ValueError(f"header of {n} bytes in a file of {size}")
+            header = json.loads(f.read(n))
+            if not isinstance(header, dict):
+                raise TypeError("header is not a JSON object")
+            meta = header.pop("__metadata__", None) or {}
             buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
         mapped = np.frombuffer(buf, dtype=np.uint8)
         arrays = {}

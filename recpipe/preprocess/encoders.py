@@ -18,12 +18,14 @@ import numpy as np
 import polars as pl
 
 from recpipe import schema
-from recpipe.errors import ArtifactMismatch
+from recpipe.errors import ArtifactMismatch, clip
 from recpipe.files import write_atomic
 from recpipe.preprocess.config import PreprocessConfig
 
 TABLES: dict[str, schema.Table] = {"users": schema.USERS, "items": schema.ITEMS}
 STATS_FILE = "stats.json"
+#: the columns of ``vocab_<table>.parquet`` (one row per value of each categorical column)
+VOCAB_SCHEMA = {"column": pl.String, "value": pl.Int64, "index": pl.Int64, "count": pl.Int64}
 
 
 def vocab_file(table: str) -> str:
@@ -175,7 +177,7 @@ class Preprocessor:
                             "index": np.arange(1, v.size, dtype=np.int64),
                             "count": v.counts,
                         },
-                        schema={"column": pl.String, "value": pl.Int64, "index": pl.Int64, "count": pl.Int64},
+                        schema=VOCAB_SCHEMA,
                     )
                     for v in self.vocabs[table]
                 ]
@@ -228,6 +230,9 @@ class Preprocessor:
                 frame = pl.read_parquet(path)
             except Exception as e:
                 raise ArtifactMismatch(f"{path}: unreadable vocabulary ({e})") from None
+            if dict(frame.schema) != VOCAB_SCHEMA:
+                raise ArtifactMismatch(f"{path}: vocabulary columns are {clip(dict(frame.schema))}, expected "
+                                       f"{VOCAB_SCHEMA}")
             parts = frame.partition_by("column", as_dict=True, maintain_order=True)
             table_vocabs = []
             for c in spec.categorical:

@@ -140,3 +140,33 @@ def test_an_edited_manifest_is_an_artifact_mismatch_naming_it(repo_copy: Path, e
     (repo_copy / MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(ArtifactMismatch, match=r"manifest\.json"):
         RankingCore.load(repo_copy, device="cpu")
+
+
+@pytest.mark.parametrize("forge", ["other_columns", "text_values"])
+def test_a_forged_vocabulary_is_named(repo_copy: Path, small_dataset: Path, forge: str) -> None:
+    # before: polars' ColumnNotFoundError / a ValueError traceback from a resealed repository
+    import polars as pl
+
+    path = repo_copy / "preprocess" / "vocab_users.parquet"
+    frame = pl.read_parquet(path)
+    if forge == "other_columns":
+        frame = frame.rename({"column": "name"})
+    else:
+        frame = frame.with_columns(pl.col("value").cast(pl.String) + "x")
+    frame.write_parquet(path)
+    reseal(repo_copy)
+    with pytest.raises(ArtifactMismatch, match=r"vocab_users\.parquet: vocabulary columns are"):
+        FeatureCore.load(repo_copy, small_dataset)
+
+
+@pytest.mark.parametrize("head", [(2**62).to_bytes(8, "little") + b"{}",
+                                  (5).to_bytes(8, "little") + b'"abc"' + bytes(16),
+                                  b""], ids=["length_2**62", "header_a_string", "empty"])
+def test_a_forged_safetensors_header_is_named(tmp_path: Path, head: bytes) -> None:
+    # before: MemoryError (a header length of 2**62 read as is) and AttributeError (a header not an object)
+    from recpipe.safetensors_map import map_safetensors
+
+    path = tmp_path / "rows.safetensors"
+    path.write_bytes(head)
+    with pytest.raises(ArtifactMismatch, match=r"rows\.safetensors: unreadable safetensors"):
+        map_safetensors(path)
