@@ -138,8 +138,9 @@ def check_replaceable(out: Path, force: bool) -> None:
 
 
 def _check_listing(path: Path, manifest: dict[str, Any]) -> None:
-    """The manifest's ``files`` maps names to {sha256, bytes}, and ``version``/``dataset_sha256`` are
-    strings: an edited manifest is an ``ArtifactMismatch`` here, not an AttributeError in a stage."""
+    """The manifest's ``files`` maps names to {sha256, bytes}, ``version``/``dataset_sha256`` are strings
+    and ``shapes`` integers: an edited manifest is an ``ArtifactMismatch`` here, not an AttributeError or
+    a ValueError in a stage."""
     for key in ("version", "dataset_sha256"):
         if not isinstance(manifest[key], str):
             raise ArtifactMismatch(f"{path}: manifest {key!r} is not a string")
@@ -150,6 +151,10 @@ def _check_listing(path: Path, manifest: dict[str, Any]) -> None:
         if not (isinstance(entry, dict) and isinstance(entry.get("sha256"), str)
                 and type(entry.get("bytes")) is int):
             raise ArtifactMismatch(f"{path}: manifest entry for {clip(str(name))!r} is not {{sha256, bytes}}")
+    shapes = manifest.get("shapes", {})
+    bad = [str(k) for k, v in shapes.items() if type(v) is not int] if isinstance(shapes, dict) else ["(all)"]
+    if bad:  # the stages compare their pieces against these as integers
+        raise ArtifactMismatch(f"{path}: manifest shapes {clip(', '.join(bad))} are not integers")
 
 
 @dataclass

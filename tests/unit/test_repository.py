@@ -132,7 +132,11 @@ def _version_as_object(m: dict) -> None:
     m["version"] = {"v": 1}
 
 
-@pytest.mark.parametrize("edit", [_files_to_list, _entry_to_string, _version_as_object])
+def _shape_as_text(m: dict) -> None:
+    m["shapes"]["user_dense_dim"] = "x"
+
+
+@pytest.mark.parametrize("edit", [_files_to_list, _entry_to_string, _version_as_object, _shape_as_text])
 def test_an_edited_manifest_is_an_artifact_mismatch_naming_it(repo_copy: Path, edit) -> None:
     # before: AttributeError/TypeError tracebacks from the stage that first asked for a file
     manifest = read_json(repo_copy / MANIFEST)
@@ -140,6 +144,8 @@ def test_an_edited_manifest_is_an_artifact_mismatch_naming_it(repo_copy: Path, e
     (repo_copy / MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(ArtifactMismatch, match=r"manifest\.json"):
         RankingCore.load(repo_copy, device="cpu")
+    with pytest.raises(ArtifactMismatch, match=r"manifest\.json"):
+        RetrievalCore.load(repo_copy, device="cpu")
 
 
 @pytest.mark.parametrize("forge", ["other_columns", "text_values"])
