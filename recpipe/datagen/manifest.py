@@ -53,7 +53,25 @@ def load_manifest(data_dir: str | Path) -> dict[str, Any]:
     sums = manifest["sha256"]
     if not isinstance(sums, dict) or sorted(sums) != sorted(schema.TABLE_FILES.values()):
         raise ArtifactMismatch(f"{path}: 'sha256' must list {', '.join(sorted(schema.TABLE_FILES.values()))}")
+    wrong = _wrong_types(manifest)
+    if wrong:  # training reads these after hours of work, and prints the oracle's numbers
+        raise ArtifactMismatch(f"{path}: {', '.join(wrong)} of the wrong type (an edited manifest?)")
     return manifest
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+def _wrong_types(manifest: dict[str, Any]) -> list[str]:
+    """The keys training reads that do not hold what ``recpipe synth-data`` writes there."""
+    oracle, rows = manifest["oracle"], manifest["rows"]
+    wrong = [] if isinstance(manifest["seed"], int) and not isinstance(manifest["seed"], bool) else ["seed"]
+    wrong += [] if _is_number(manifest["scale"]) else ["scale"]
+    wrong += [] if isinstance(rows, dict) and all(_is_number(v) for v in rows.values()) else ["rows"]
+    if not isinstance(oracle, dict):
+        return [*wrong, "oracle"]
+    return wrong + [f"oracle.{k}" for k in ("auc", "recall_at_500") if not (oracle.get(k) is None or _is_number(oracle[k]))]
 
 
 def verify(data_dir: str | Path, names: list[str] | None = None) -> dict[str, Any]:

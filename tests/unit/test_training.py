@@ -280,6 +280,25 @@ def test_the_largest_seed_builds_an_ivf_index() -> None:
     assert train_centroids(emb, seed=MAX_SEED).shape[1] == 8
 
 
+@pytest.mark.parametrize("key, value", [("oracle", {"auc": "high", "recall_at_500": 0.9}), ("oracle", [1]),
+                                        ("seed", "1"), ("scale", None), ("rows", [1])])
+def test_an_edited_data_manifest_is_refused_before_training(small_dataset: Path, tmp_path: Path, capsys,
+                                                            key: str, value: object) -> None:
+    # before: oracle.auc = "high" trained, wrote the repository, then died printing it (a traceback, exit 1)
+    import json
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(small_dataset, data)
+    manifest = json.loads((data / "manifest.json").read_text())
+    manifest[key] = value
+    (data / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["train", "--data", str(data), "--out", str(tmp_path / "m"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "of the wrong type" in err[0] and key in err[0]
+    assert not (tmp_path / "m").exists()
+
+
 def test_missing_data_dir_exit_2(tmp_path: Path) -> None:
     assert main(["train", "--data", str(tmp_path / "nope"), "--out", str(tmp_path / "m"), "--quiet"]) == 2
 
