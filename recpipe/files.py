@@ -153,12 +153,21 @@ def _fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+def link_target(out: str | Path) -> Path:
+    """``out``, or where it points when it is a symlink (``models -> /disk/models``): the directory to
+    build beside and replace, so that the user's link stays and the directory it names is the new one
+    (renaming over the link would delete the link and leave its target stale)."""
+    out = Path(out)
+    return out.resolve() if out.is_symlink() else out
+
+
 def swap_dir(tmp: Path, out: Path) -> None:
     """Move the finished directory ``tmp`` (a sibling of ``out``) to ``out`` by renames.
 
     An existing ``out`` is first moved aside into a hidden sibling and deleted only once ``tmp`` is in
     place; if that rename fails, it is put back. The caller decides whether ``out`` may be replaced.
-    Refuses (``Terminated``, nothing moved) once the process was asked to terminate.
+    Refuses (``Terminated``, nothing moved) once the process was asked to terminate. ``out`` is not
+    a symlink (``link_target``): the rename would replace the link, not the directory it names.
     """
     termination.check()
     out = Path(out)

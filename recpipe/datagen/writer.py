@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from recpipe import schema
 from recpipe.errors import UsageError
 from recpipe.filemodes import dir_mode
-from recpipe.files import check_creatable, swap_dir
+from recpipe.files import check_creatable, link_target, swap_dir
 
 MANIFEST_NAME = "manifest.json"
 DATASET_FILES: tuple[str, ...] = (*schema.TABLE_FILES.values(), MANIFEST_NAME)
@@ -127,7 +127,7 @@ class DatasetDir:
     """
 
     def __init__(self, out: Path, force: bool) -> None:
-        self.out = Path(out)
+        self.out = link_target(out)
         self.force = force
         self.tmp: Path | None = None
         self._check()

@@ -31,7 +31,7 @@ from recpipe.features import artifacts as feature_artifacts
 from recpipe.features.artifacts import FeatureConfig
 from recpipe.features.core import FeatureCore, read_tables
 from recpipe.filemodes import follow_umask
-from recpipe.files import check_creatable, swap_dir
+from recpipe.files import check_creatable, link_target, swap_dir
 from recpipe.preprocess import PreprocessConfig, Preprocessor
 from recpipe.ranking import artifacts as ranking_artifacts
 from recpipe.ranking import probe as ranking_probes
@@ -104,7 +104,7 @@ def _train(
     data_dir: Path, out: Path, cfg: TrainConfig, dev: torch.device, force: bool, say: Callable[[str], None],
     fit_preprocessor: Callable[[pl.DataFrame, pl.DataFrame, PreprocessConfig], Preprocessor],
 ) -> dict[str, Any]:
-    data_dir, out = Path(data_dir), Path(out)
+    data_dir, out = Path(data_dir), link_target(out)
     _prepare_out(out, force)
     t_start = time.perf_counter()
     timings: dict[str, float] = {}

@@ -85,3 +85,18 @@ def test_placeholder_readme_is_kept_and_the_repository_follows_the_umask(tmp_pat
     assert sorted(os.listdir(tmp_path)) == ["fresh", "models"]  # no temporaries, no old copy
     assert train(small_dataset, out) == 2
     assert "already holds a model repository; pass --force" in capsys.readouterr().err
+
+
+def test_force_through_a_symlink_replaces_the_directory_it_names_and_keeps_the_link(tmp_path, small_dataset,
+                                                                                   small_models):
+    # before: the link (the user's, not ours) was renamed over and deleted, and its target kept the old models
+    real = tmp_path / "disk" / "models"
+    real.parent.mkdir()
+    shutil.copytree(small_models, real)
+    old_version = Repository.open(real).version
+    link = tmp_path / "models"
+    link.symlink_to(real)
+    assert train(small_dataset, link, "--force", "--seed", "1") == 0
+    assert link.is_symlink() and link.resolve() == real.resolve()
+    assert Repository.open(real).version != old_version
+    assert sorted(os.listdir(tmp_path)) == ["disk", "models"] and os.listdir(real.parent) == ["models"]

@@ -268,6 +268,17 @@ def test_files_named_like_a_dataset_but_not_ours_survive_force(tmp_path: Path, c
     assert _tree(tmp_path) == before
 
 
+def test_force_through_a_symlink_replaces_the_dataset_it_names_and_keeps_the_link(tmp_path: Path) -> None:
+    # before: the link was renamed over and deleted, and the dataset it named was left as it was
+    real = tmp_path / "disk" / "d"
+    assert main(["synth-data", "--out", str(real), "--scale", "0.001", "--seed", "1", "--quiet"]) == 0
+    link = tmp_path / "d"
+    link.symlink_to(real)
+    assert main(["synth-data", "--out", str(link), "--scale", "0.001", "--seed", "2", "--force", "--quiet"]) == 0
+    assert link.is_symlink() and load_manifest(real)["seed"] == 2
+    assert sorted(os.listdir(tmp_path)) == ["d", "disk"] and os.listdir(real.parent) == ["d"]
+
+
 def test_missing_parents_are_created(tmp_path: Path) -> None:
     out = tmp_path / "a" / "b" / "d"
     assert main(["synth-data", "--out", str(out), "--scale", "0.001", "--quiet"]) == 0
