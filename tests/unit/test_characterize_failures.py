@@ -54,3 +54,15 @@ def test_the_curve_marks_failed_points_and_thin_p99s_on_a_log_axis_with_the_swee
     assert "p99 from < 100 queries (not supported)" in labels
     assert "sweep's p99 bound: 200 ms" in labels
     assert ax.get_ylim()[1] > 10_002 and ax.get_ylim()[0] < 8  # the failed point and the fastest p50 both shown
+
+
+def test_sequential_end_to_end_reads_every_query_in_the_report_and_the_comparison() -> None:
+    """A sequential run whose queries failed shows their tail (``end_to_end_all``), as the sweep and the SLO
+    steps do; the answered queries alone would read faster."""
+    good, doc = json.loads(OLD.read_text()), _failing()
+    seq = doc["sections"]["sequential"]
+    seq["end_to_end_all"] = {**seq["end_to_end"], "p50_us": 7_000.0, "p99_us": 10_000_000.0}
+    assert "| **end to end** | 7.00 | 10000.00 |" in report.markdown(doc)
+    assert "end to end 7.00 (p99 10000.00)" in report.summary(doc)
+    text = compare.markdown([("a", good), ("b", doc)])
+    assert "10000.00" in text
