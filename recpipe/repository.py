@@ -215,6 +215,17 @@ class Repository:
     def json(self, name: str) -> dict[str, Any]:
         return read_json(self.file(name))
 
+    def check_present(self) -> None:
+        """Every listed artifact is there at its recorded size (cheap, no hashing: ``file`` checks the
+        sha256 where a stage reads it)."""
+        for name, entry in self.manifest["files"].items():
+            path = self.root / name
+            if not path.is_file():
+                raise ArtifactMismatch(f"{path}: artifact is missing")
+            if path.stat().st_size != entry.get("bytes"):
+                raise ArtifactMismatch(f"{path}: {path.stat().st_size} bytes, {self.root / MANIFEST} says "
+                                       f"{entry.get('bytes')} (file changed or truncated)")
+
     def check_dataset(self, data_dir: Path) -> dict[str, Any]:
         """The data dir's manifest must be the dataset this repository was trained on."""
         data_manifest = read_data_manifest(data_dir)
@@ -224,3 +235,13 @@ class Repository:
                 f"were trained on (dataset_sha256 {dataset_sha256(data_manifest)[:12]} != {self.dataset_sha256[:12]})"
             )
         return data_manifest
+
+
+def check_serving(models: Path, data: Path) -> None:
+    """Before a chain starts (``recpipe serve``, ``recpipe demo``): the repository opens, was trained on
+    ``data``, and holds every artifact at its size, so that a bad one is one line (exit 2) from the
+    command instead of a stage dying after the others started (each stage still verifies the checksums
+    of what it reads)."""
+    repo = Repository.open(models)
+    repo.check_dataset(data)
+    repo.check_present()

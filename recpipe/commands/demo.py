@@ -93,6 +93,7 @@ def _serve_and_measure(args: argparse.Namespace, data: Path, models: Path) -> in
     from recpipe.querygen import loops, output, plots, session
     from recpipe.querygen.config import QuerygenConfig
     from recpipe.querygen.workload import fixed_candidates
+    from recpipe.repository import check_serving
     from recpipe.serving.launch import direct_target, plan_chain
     from recpipe.serving.supervisor import Supervisor
     from recpipe.stages import REGISTRY
@@ -100,6 +101,7 @@ def _serve_and_measure(args: argparse.Namespace, data: Path, models: Path) -> in
     host = DEFAULT_HOST
     chain = plan_chain(REGISTRY, models=models, data=data, host=host, replicas=args.replicas, threads=args.threads,
                        affinity=args.affinity, device=args.device, log_level=args.log_level)
+    check_serving(models, data)
     stages = chain.processes
     _step(f"serve: starting {', '.join(REGISTRY.names)}; {'; '.join(chain.said)}")
     supervisor = Supervisor(stages)

@@ -26,7 +26,7 @@ from recpipe.serving.affinity import AFFINITY_HELP, affinity_arg, parse_cpus
 from recpipe.serving.batcher import BatchConfig
 from recpipe.serving.config import DEFAULT_UNRESPONSIVE_S
 from recpipe.serving.launch import REPLICAS_HELP, THREADS_HELP, replicas_arg, threads_arg
-from recpipe.stages import registry
+from recpipe.stages import REGISTRY, registry
 
 if TYPE_CHECKING:
     from recpipe.serving.config import StageConfig
@@ -254,6 +254,7 @@ def _run_all(args: argparse.Namespace, stages: Registry, batch: BatchConfig, opt
     import signal
     import threading
 
+    from recpipe.repository import check_serving
     from recpipe.serving import launch
     from recpipe.serving.options import merged_argv
     from recpipe.serving.supervisor import Supervisor
@@ -269,6 +270,8 @@ def _run_all(args: argparse.Namespace, stages: Registry, batch: BatchConfig, opt
         metrics=args.metrics_port, workers=args.workers, grace=args.grace, log_level=args.log_level,
         extra=[*batch.to_argv(), *(["--nvtx"] if args.nvtx else []), *merged_argv(options.values())],
     )
+    if stages is REGISTRY:  # recpipe's own stages serve this repository (a test's toy registry, none)
+        check_serving(args.models, args.data)
     processes = chain.processes
     busy = launch.busy_port(processes, args.host)
     if busy is not None:

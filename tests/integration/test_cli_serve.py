@@ -280,6 +280,37 @@ def test_serve_rejects_missing_directories(tmp_path, capsys):
     assert "--models" in capsys.readouterr().err
 
 
+def test_serve_refuses_a_bad_repository_in_one_line_before_any_stage_starts(small_models, small_dataset, tmp_path,
+                                                                            capsys):
+    """A truncated or missing artifact, or data the models were not trained on, is one line and exit 2 from
+    ``recpipe serve`` itself. Before, the stages started, the ones that read it died (their errors, then the
+    supervisor's "stage ranking exited with code 2"), and serve exited 1 after printing 2-4 lines."""
+    import shutil
+
+    models = tmp_path / "models"
+    shutil.copytree(small_models, models)
+    (models / "ranking" / "dlrm.safetensors").write_bytes(b"\0" * 100)
+    port = str(free_port_block())
+    assert main(["serve", "--models", str(models), "--data", str(small_dataset), "--port", port]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and "dlrm.safetensors" in err[0] and "truncated" in err[0], err
+    assert "recpipe-stage-ready" not in captured.out + captured.err
+    shutil.rmtree(models)
+    shutil.copytree(small_models, models)
+    (models / "retrieval" / "index.faiss").unlink()
+    assert main(["serve", "--models", str(models), "--data", str(small_dataset), "--port", port]) == 2
+    assert "index.faiss: artifact is missing" in capsys.readouterr().err
+    other = tmp_path / "other-data"
+    shutil.copytree(small_dataset, other)
+    manifest = json.loads((other / "manifest.json").read_text())
+    name = sorted(manifest["sha256"])[0]
+    manifest["sha256"][name] = "0" * 64  # another dataset as far as the repository can tell
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["serve", "--models", str(small_models), "--data", str(other), "--port", port]) == 2
+    assert "dataset does not match" in capsys.readouterr().err
+
+
 # recpipe demo over a workdir holding data and models: tests/integration/test_readme_commands.py runs it
 # (with its table, run document, charts and next steps checked) as one of the README's commands.
 
