@@ -270,14 +270,14 @@ def _run_all(args: argparse.Namespace, stages: Registry, batch: BatchConfig, opt
         metrics=args.metrics_port, workers=args.workers, grace=args.grace, log_level=args.log_level,
         extra=[*batch.to_argv(), *(["--nvtx"] if args.nvtx else []), *merged_argv(options.values())],
     )
-    if stages is REGISTRY:  # recpipe's own stages serve this repository (a test's toy registry, none)
-        check_serving(args.models, args.data)
     processes = chain.processes
     busy = launch.busy_port(processes, args.host)
     if busy is not None:
         name, port = busy
         raise UsageError(f"{args.host}:{port} ({name}) is in use: another recpipe serve? Stop it, or choose another "
                          "--port (or --metrics-port)")
+    if stages is REGISTRY:  # recpipe's own stages serve this repository (a test's toy registry, none)
+        check_serving(args.models, args.data)
     unresponsive = DEFAULT_UNRESPONSIVE_S if args.unresponsive_timeout is None else args.unresponsive_timeout
     supervisor = Supervisor(processes, startup_timeout_s=args.startup_timeout, grace_s=args.grace,
                             unresponsive_s=unresponsive, standby=args.warm_standby)
