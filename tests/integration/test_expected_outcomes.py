@@ -10,7 +10,6 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -102,12 +101,6 @@ class LateStage(Stage, features_pb2_grpc.FeatureServiceServicer):
 
     async def AugmentItems(self, request: Any, context: aio.ServicerContext) -> Any:
         raise Overloaded("late: busy")
-
-
-@pytest.fixture(scope="module")
-def servers() -> Iterator[ServerThread]:
-    with ServerThread() as st:
-        yield st
 
 
 def test_answers_and_statuses_too_late_to_send_are_counted_not_tracebacked(servers, caplog):

@@ -11,23 +11,16 @@ from __future__ import annotations
 import threading
 
 import grpc
-import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from toy_stages import ToyFeatureCore, ToyWorld
 
 from recpipe.features.servicer import FeatureStage
 from recpipe.gateway.servicer import GatewayStage
 from recpipe.serving.connection_age import ConnectionAge
-from recpipe.serving.server import LIVENESS_SERVICE, ServerThread, StageServer
+from recpipe.serving.server import LIVENESS_SERVICE, StageServer
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-
-
-@pytest.fixture(scope="module")
-def servers():
-    with ServerThread() as st:
-        yield st
 
 
 def status(channel: grpc.Channel, service: str) -> int:

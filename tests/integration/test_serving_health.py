@@ -8,12 +8,11 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
 import numpy as np
-import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from toy_stages import ITEM_SPARSE, USER_SPARSE, ToyFeatureCore, ToyRankingCore, ToyWorld
 
@@ -71,12 +70,6 @@ class HeldFeatureCore(ToyFeatureCore):
     def user_features(self, query: UserQuery) -> UserFeatures:
         self.gate.pass_through()
         return super().user_features(query)
-
-
-@pytest.fixture(scope="module")
-def servers() -> Iterator[ServerThread]:
-    with ServerThread() as st:
-        yield st
 
 
 def rank_request(world: ToyWorld, k: int) -> ranking_pb2.RankRequest:

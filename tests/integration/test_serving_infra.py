@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
-from toy_stages import ToyFeatureCore, ToyWorld
+from toy_stages import ToyFeatureCore
 
 from recpipe.errors import (
     ArtifactMismatch,
@@ -29,17 +29,6 @@ from recpipe.serving import codec
 from recpipe.serving.channels import make_blocking_channel
 from recpipe.serving.server import ServerThread
 from recpipe.v1 import features_pb2, features_pb2_grpc, info_pb2, info_pb2_grpc
-
-
-@pytest.fixture(scope="module")
-def servers():
-    with ServerThread() as st:
-        yield st
-
-
-@pytest.fixture(scope="module")
-def world():
-    return ToyWorld()
 
 
 def feature_server(servers, world, *, load=True, workers=0, metrics_port=None):

@@ -13,29 +13,17 @@ import grpc
 import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from toy_stages import ITEM_SPARSE, USER_SPARSE, ToyFeatureCore, ToyRankingCore, ToyWorld
+from toy_stages import ITEM_SPARSE, USER_SPARSE, ToyFeatureCore, ToyRankingCore
 
 from recpipe.config import MAX_BATCH_ENTRIES, MAX_BATCH_ROWS, MAX_NUM_CANDIDATES
 from recpipe.features.servicer import FeatureStage
 from recpipe.ranking.servicer import RankingStage
 from recpipe.serving import codec
 from recpipe.serving.channels import make_blocking_channel
-from recpipe.serving.server import ServerThread
 from recpipe.v1 import features_pb2, features_pb2_grpc, ranking_pb2, ranking_pb2_grpc
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT.value[0]
 DEADLINE = grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
-
-
-@pytest.fixture(scope="module")
-def servers():
-    with ServerThread() as st:
-        yield st
-
-
-@pytest.fixture(scope="module")
-def world():
-    return ToyWorld()
 
 
 @pytest.fixture(scope="module")
