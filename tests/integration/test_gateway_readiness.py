@@ -43,6 +43,16 @@ def wait_status(address: str, wanted: str, timeout: float = 10.0) -> float:
             time.sleep(0.02)
 
 
+def recommend_outcome(stub: recommend_pb2_grpc.RecommendServiceStub, user: int, timeout: float = 10.0
+                      ) -> tuple[grpc.StatusCode, str]:
+    """A Recommend of 20 candidates for ``user``: its status code and details (OK, "" when answered)."""
+    try:
+        stub.Recommend(recommend_pb2.RecommendRequest(user_id=user, num_candidates=20, num_results=5), timeout=timeout)
+        return grpc.StatusCode.OK, ""
+    except grpc.RpcError as e:
+        return e.code(), e.details() or ""
+
+
 @contextlib.contextmanager
 def toy_features_chain() -> Iterator[tuple[subprocess.Popen[bytes], str, str]]:
     """A gateway whose features stage runs in a process of its own (``toy_serve.py``), so that a test can

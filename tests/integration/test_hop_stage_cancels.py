@@ -14,7 +14,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
-from test_gateway_readiness import wait_status
+from test_gateway_readiness import recommend_outcome, wait_status
 from toy_stages import ToyFeatureCore, ToyRankingCore, ToyRetrievalCore, ToyWorld
 
 from recpipe.features.servicer import FeatureStage
@@ -23,7 +23,7 @@ from recpipe.gateway.servicer import GatewayStage
 from recpipe.ranking.servicer import RankingStage
 from recpipe.retrieval.servicer import RetrievalStage
 from recpipe.serving.server import ServerThread
-from recpipe.v1 import recommend_pb2, recommend_pb2_grpc
+from recpipe.v1 import recommend_pb2_grpc
 
 
 def test_calls_a_stopping_stage_cancels_are_unavailable_naming_it_not_cancelled() -> None:
@@ -40,12 +40,7 @@ def test_calls_a_stopping_stage_cancels_are_unavailable_naming_it_not_cancelled(
             stub = recommend_pb2_grpc.RecommendServiceStub(channel)
 
             def recommend(user: int) -> tuple[grpc.StatusCode, str]:
-                try:
-                    stub.Recommend(recommend_pb2.RecommendRequest(user_id=user, num_candidates=20, num_results=5),
-                                   timeout=10)
-                    return grpc.StatusCode.OK, ""
-                except grpc.RpcError as e:
-                    return e.code(), e.details() or ""
+                return recommend_outcome(stub, user)
 
             assert recommend(0)[0] == grpc.StatusCode.OK
             # the features stage's loop is busy for 1 s, its stop queued behind: the calls arriving

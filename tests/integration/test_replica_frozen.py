@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 import grpc
-from test_gateway_readiness import wait_status
+from test_gateway_readiness import recommend_outcome, wait_status
 from toy_stages import ToyFeatureCore, ToyRankingCore, ToyRetrievalCore, ToyWorld
 
 from recpipe.features.servicer import FeatureStage
@@ -20,7 +20,7 @@ from recpipe.gateway.servicer import GatewayStage
 from recpipe.ranking.servicer import RankingStage
 from recpipe.retrieval.servicer import RetrievalStage
 from recpipe.serving.server import ServerThread
-from recpipe.v1 import recommend_pb2, recommend_pb2_grpc
+from recpipe.v1 import recommend_pb2_grpc
 
 
 def test_a_frozen_replica_is_passed_over_until_it_answers_again() -> None:
@@ -39,12 +39,7 @@ def test_a_frozen_replica_is_passed_over_until_it_answers_again() -> None:
             stub = recommend_pb2_grpc.RecommendServiceStub(channel)
 
             def recommend() -> str:
-                try:
-                    stub.Recommend(recommend_pb2.RecommendRequest(user_id=1, num_candidates=20, num_results=5),
-                                   timeout=0.4)
-                    return "OK"
-                except grpc.RpcError as e:
-                    return e.code().name
+                return recommend_outcome(stub, 1, timeout=0.4)[0].name
 
             while not rank.sent_per_route[0]:  # a lone query's batch goes to the first replica
                 assert recommend() == "OK"

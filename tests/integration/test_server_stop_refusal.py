@@ -13,7 +13,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
-from test_gateway_readiness import wait_status
+from test_gateway_readiness import recommend_outcome, wait_status
 from toy_stages import ToyFeatureCore, ToyRankingCore, ToyRetrievalCore, ToyWorld
 
 from recpipe.features.servicer import FeatureStage
@@ -21,7 +21,7 @@ from recpipe.gateway.servicer import GatewayStage
 from recpipe.ranking.servicer import RankingStage
 from recpipe.retrieval.servicer import RetrievalStage
 from recpipe.serving.server import ServerThread
-from recpipe.v1 import recommend_pb2, recommend_pb2_grpc
+from recpipe.v1 import recommend_pb2_grpc
 
 
 def test_calls_reaching_a_stopping_gateway_are_refused_unavailable_never_cancelled() -> None:
@@ -36,12 +36,7 @@ def test_calls_reaching_a_stopping_gateway_are_refused_unavailable_never_cancell
             stub = recommend_pb2_grpc.RecommendServiceStub(channel)
 
             def recommend(user: int) -> tuple[grpc.StatusCode, str]:
-                try:
-                    stub.Recommend(recommend_pb2.RecommendRequest(user_id=user, num_candidates=20, num_results=5),
-                                   timeout=10)
-                    return grpc.StatusCode.OK, ""
-                except grpc.RpcError as e:
-                    return e.code(), e.details() or ""
+                return recommend_outcome(stub, user)
 
             assert recommend(0)[0] == grpc.StatusCode.OK
             gateway_thread.loop.call_soon_threadsafe(time.sleep, 1.0)

@@ -173,8 +173,8 @@ class Replica(Stage):
         self.up = True
 
 
-def _replicas(n: int, **config: Any) -> tuple[list[Replica], Hop[Any, Any]]:
-    replicas = [Replica() for _ in range(n)]
+def _replicas(n: int, kind: type[Replica] = Replica, **config: Any) -> tuple[list[Any], Hop[Any, Any]]:
+    replicas = [kind() for _ in range(n)]
     routes = [Route(r.unary, r.batch, lambda r=r: r.up) for r in replicas]  # type: ignore[misc]
     return replicas, Hop("s.M", routes, HopConfig(**config))
 
@@ -252,9 +252,7 @@ class Gone(Replica):
 
 
 def _gone(n: int, **config: Any) -> tuple[list[Gone], Hop[Any, Any]]:
-    replicas = [Gone() for _ in range(n)]
-    routes = [Route(r.unary, r.batch, lambda r=r: r.up) for r in replicas]  # type: ignore[misc]
-    return replicas, Hop("s.M", routes, HopConfig(**config))
+    return _replicas(n, Gone, **config)
 
 
 def test_calls_out_on_a_replica_that_dies_go_once_more_to_another() -> None:
