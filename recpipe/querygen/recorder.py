@@ -37,7 +37,6 @@ class Recorder:
 
     measure_from: float
     e2e_us: list[float] = field(default_factory=list)
-    lag_us: list[float] = field(default_factory=list)
     #: each answered query's stage timings, in the order of ``e2e_us``: the stages' histograms and the
     #: query's split into parts (``recpipe.querygen.attribution.split_row``) are made from them after the run
     answered: list[list[Timing]] = field(default_factory=list)
@@ -59,7 +58,6 @@ class Recorder:
             self.warmup_queries += 1
             return False
         self.sent += 1
-        self.lag_us.append((sent - scheduled) * 1e6)
         if self.first_scheduled is None or scheduled < self.first_scheduled:
             self.first_scheduled = scheduled
         if self.last_done is None or done > self.last_done:
@@ -70,14 +68,14 @@ class Recorder:
         if not self._measured(scheduled, sent, done):
             return
         self.e2e_us.append((done - scheduled) * 1e6)
-        self.answered_lag_us.append(self.lag_us[-1])
+        self.answered_lag_us.append((sent - scheduled) * 1e6)
         self.answered.append(timings if isinstance(timings, list) else list(timings))
 
     def error(self, scheduled: float, sent: float, done: float, code: str) -> None:
         if self._measured(scheduled, sent, done):
             self.errors[code] += 1
             self.failed_us.append((done - scheduled) * 1e6)
-            self.failed_lag_us.append(self.lag_us[-1])
+            self.failed_lag_us.append((sent - scheduled) * 1e6)
 
     def running_p99_us(self) -> float:
         """p99 of the end-to-end latencies so far (for the progress line; exact, from the raw samples)."""
@@ -86,6 +84,8 @@ class Recorder:
     def finish(self, deadline_s: float | None = None) -> Measurement:
         """The run's histograms. ``deadline_s``: each query's deadline after its send; a query that failed
         sooner (shed, unavailable) counts as unanswered until then, never as a fast answer."""
+        lags = [*self.answered_lag_us, *self.failed_lag_us]  # every measured query's send lag
+
         def hist(values: list[float]) -> LatencyHistogram:
             h = LatencyHistogram()
             if values:
@@ -115,14 +115,14 @@ class Recorder:
                   for s in (*STEPS, TOTAL_STEP)}
         return Measurement(
             end_to_end=hist(self.e2e_us),
-            send_lag=hist([max(v, 0.0) for v in self.lag_us]),
+            send_lag=hist([max(v, 0.0) for v in lags]),
             stages=stages,
             ok=len(self.e2e_us),
             errors=dict(self.errors),
             warmup_queries=self.warmup_queries,
             first_scheduled=self.first_scheduled,
             last_done=self.last_done,
-            late_sends=sum(1 for v in self.lag_us if v > LATE_US),
+            late_sends=sum(1 for v in lags if v > LATE_US),
             measure_from=self.measure_from,
             split=TailSplit.of(splits),
             failed=hist(self.failed_us if deadline_s is None else
