@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from recpipe.bench._args import at_least
+from recpipe.bench._args import above, at_least
 from recpipe.config import DEFAULT_NUM_CANDIDATES, DEFAULT_NUM_RESULTS
 from recpipe.errors import ArtifactMismatch, UsageError
 from recpipe.serving.affinity import AFFINITY_HELP, affinity_arg
@@ -71,8 +71,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--scale must be in (0, 1], got {args.scale}")
     if args.epochs is not None and args.epochs < 1:
         raise UsageError(f"--epochs must be >= 1, got {args.epochs}")
-    if not 0 < args.budget_s < math.inf:  # inf would be written as Infinity, which is not JSON
-        raise UsageError(f"--budget-s must be a number of seconds > 0, got {args.budget_s:g}")
+    above(0, ("--budget-s", args.budget_s))  # finite: inf would be written as Infinity, which is not JSON
     at_least(1, ("--num-candidates", args.num_candidates), ("--num-results", args.num_results))
     at_least(0, ("--workers", args.workers), ("--seed", args.seed))
     processes = parse_processes(args.generator_processes, "--generator-processes")
@@ -159,8 +158,7 @@ def _sizes(base: Any, args: argparse.Namespace) -> Any:
 
     changes: dict[str, Any] = {}
     if args.sweep_p99_ms is not None:
-        if not 0 < args.sweep_p99_ms < math.inf:
-            raise UsageError(f"--sweep-p99-ms must be a number of ms > 0, got {args.sweep_p99_ms:g}")
+        above(0, ("--sweep-p99-ms", args.sweep_p99_ms))
         changes["sweep_p99_ms"] = args.sweep_p99_ms
     if args.slo_p99_ms is not None:
         try:

@@ -361,11 +361,11 @@ def test_gpu_busy_samples_average_and_the_sweep_reports_its_peak(monkeypatch: py
     (["--slo-p99-ms", "0"], "--slo-p99-ms bounds must be numbers of ms > 0"),
     # infinity would reach the document as Infinity, which no JSON reader but Python's takes
     (["--slo-p99-ms", "20,inf"], "--slo-p99-ms bounds must be numbers of ms > 0, got '20,inf'"),
-    (["--sweep-p99-ms", "inf"], "--sweep-p99-ms must be a number of ms > 0, got inf"),
-    (["--budget-s", "inf"], "--budget-s must be a number of seconds > 0, got inf"),
+    (["--sweep-p99-ms", "inf"], "--sweep-p99-ms must be a finite number > 0, got inf"),
+    (["--budget-s", "inf"], "--budget-s must be a finite number > 0, got inf"),
     (["--data", "nowhere"], "--data nowhere: no manifest.json there"),
     (["--scale", "2"], "--scale must be in (0, 1]"),
-    (["--budget-s", "0", "--data", "D", "--models", "M"], "--budget-s must be a number of seconds > 0"),
+    (["--budget-s", "0", "--data", "D", "--models", "M"], "--budget-s must be a finite number > 0, got 0.0"),
     (["--generator-processes", "0"], "--generator-processes must be in 1..64"),
     (["--generator-processes", "many"], "--generator-processes must be a whole number or auto"),
 ])
