@@ -46,14 +46,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from recpipe.bench._args import within
     from recpipe.training.config import MAX_SEED, MAX_THREADS, TrainConfig
 
     if args.epochs is not None and args.epochs < 1:
         raise UsageError(f"--epochs must be >= 1, got {args.epochs}")
-    if not 0 <= args.threads <= MAX_THREADS:
-        raise UsageError(f"--threads must be in 0..{MAX_THREADS}, got {args.threads}")
-    if not 0 <= args.seed <= MAX_SEED:
-        raise UsageError(f"--seed must be in 0..{MAX_SEED}, got {args.seed}")
+    within(0, MAX_THREADS, ("--threads", args.threads))
+    within(0, MAX_SEED, ("--seed", args.seed))
     if args.val_fraction is not None and not 0 <= args.val_fraction < 0.5:
         raise UsageError(f"--val-fraction must be in [0, 0.5), got {args.val_fraction}")
     data = Path(args.data)
