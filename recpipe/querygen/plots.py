@@ -289,8 +289,8 @@ def latency_cdf_figure(runs: Labelled) -> Any:
     tail.grid(True, which="major", alpha=0.3)
     tail.set_title("Tail (percentile spectrum)", fontsize=10)
     for a in (ax, tail):
-        if a.get_lines():
-            a.legend(fontsize=8, loc="lower right" if a is ax else "upper left")
+        if a.get_lines():  # under the axes: a tail of failed queries can fill either corner
+            a.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14))
     _title(fig, "End-to-end latency", runs)
     return fig
 

@@ -85,6 +85,17 @@ def test_cdf_cuts_what_the_sample_cannot_support(seq: dict[str, Any]) -> None:
     assert legend == ["end to end (cut from p99.9: 300 samples)"]
 
 
+def test_cdf_legends_sit_under_their_axes(seq: dict[str, Any]) -> None:
+    """A tail of failed queries fills the top of the tail panel and the bottom of the CDF: a legend
+    inside either could cover the curve, so both sit below their axes."""
+    fig = plots.latency_cdf_figure([("a", seq), ("b", seq)])
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        legend = ax.get_legend().get_window_extent(renderer)
+        assert legend.y1 < ax.get_window_extent(renderer).y0, ax.get_title()
+
+
 def test_slo_curve_ticks_the_slo_and_names_every_line(slo: dict[str, Any]) -> None:
     fig = plots.slo_curve_figure([("", slo)])
     _titled(fig, "open", "5,000 queries", "cpu", "2026-11-21")
