@@ -26,7 +26,7 @@ from recpipe.serving.affinity import AFFINITY_HELP, affinity_arg, parse_cpus
 from recpipe.serving.batcher import BatchConfig
 from recpipe.serving.config import DEFAULT_UNRESPONSIVE_S
 from recpipe.serving.launch import REPLICAS_HELP, THREADS_HELP, replicas_arg, threads_arg
-from recpipe.stages import REGISTRY, registry
+from recpipe.stages import registry
 
 if TYPE_CHECKING:
     from recpipe.serving.config import StageConfig
@@ -276,7 +276,7 @@ def _run_all(args: argparse.Namespace, stages: Registry, batch: BatchConfig, opt
         name, port = busy
         raise UsageError(f"{args.host}:{port} ({name}) is in use: another recpipe serve? Stop it, or choose another "
                          "--port (or --metrics-port)")
-    if stages is REGISTRY:  # recpipe's own stages serve this repository (a test's toy registry, none)
+    if stages.reads_models:  # recpipe's own stages do; a test's toy stages read none
         check_serving(args.models, args.data)
     unresponsive = DEFAULT_UNRESPONSIVE_S if args.unresponsive_timeout is None else args.unresponsive_timeout
     supervisor = Supervisor(processes, startup_timeout_s=args.startup_timeout, grace_s=args.grace,

@@ -16,4 +16,5 @@ def build(cfg: StageConfig) -> Stage:
 
 
 SPEC = StageSpec(NAME, port_offset=1, build=build, cost=1.6, nice=COMPUTE_NICE, threads=("polars",),
+                 reads_models=True,
                  description="Polars-encoded user and item rows gathered by position, history aggregates")

@@ -28,4 +28,5 @@ def build(cfg: StageConfig) -> Stage:
 # own_cores: its batch forward is the chain's longest run of one thread, twice as slow sharing a core
 # (``recpipe.serving.affinity``)
 SPEC = StageSpec(NAME, port_offset=3, build=build, cost=4.7, gpu_cost=1.45, nice=COMPUTE_NICE, options=RankingOptions,
-                 threads=("torch",), own_cores=True, description="DLRM over the candidates")
+                 threads=("torch",), own_cores=True, reads_models=True,
+                 description="DLRM over the candidates")

@@ -30,5 +30,5 @@ def build(cfg: StageConfig) -> Stage:
 # gpu_cost: CPU per query under load with the model on a GPU, on the gateway's scale (cost 2.5): H200
 # machine, 78cf8d1, 32 clients, ms per query: gateway 1.66, features 1.10, retrieval 0.92, ranking 0.96.
 SPEC = StageSpec(NAME, port_offset=2, build=build, cost=1.7, gpu_cost=1.4, nice=COMPUTE_NICE, options=RetrievalOptions,
-                 threads=("torch", "faiss"), loads=loads,
+                 threads=("torch", "faiss"), loads=loads, reads_models=True,
                  description="user tower -> query embedding -> FAISS / exact top-k")

@@ -74,6 +74,9 @@ class StageSpec:
     #: a stage that computes a batch at a time, slowed most by sharing its core
     own_cores: bool = False
     upstream: tuple[str, ...] = ()
+    #: whether it reads the model repository (``--models``, trained on ``--data``): ``recpipe serve``
+    #: checks that repository before any stage starts when one of its stages does
+    reads_models: bool = False
     description: str = ""
 
     def libraries(self, cfg: StageConfig) -> tuple[str, ...]:
@@ -115,6 +118,11 @@ class Registry:
             return self._specs[name]
         except KeyError:
             raise UsageError(f"unknown stage {name!r}: choose {', '.join(self._specs)}") from None
+
+    @property
+    def reads_models(self) -> bool:
+        """Whether any stage reads the model repository (``StageSpec.reads_models``)."""
+        return any(s.reads_models for s in self)
 
     @property
     def entry(self) -> StageSpec:

@@ -60,3 +60,14 @@ def test_empty_environment_means_default(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("RECPIPE_RANKING_TARGET", "")
     args = parse()
     assert args.host == "127.0.0.1" and gateway_targets(args)["ranking"] == "127.0.0.1:50054"
+
+
+def test_serve_checks_the_repository_where_a_stage_reads_it() -> None:
+    """``recpipe serve`` checks --models against --data before any stage starts when one of its stages reads
+    the repository (its spec says so): recpipe's model stages do, the gateway does not, and a registry of
+    stages that read none (the tests' toy stages, served over empty directories) is not checked."""
+    from recpipe.serving.spec import Registry, StageSpec
+
+    assert {s.name for s in REGISTRY if s.reads_models} == {"features", "retrieval", "ranking"}
+    assert REGISTRY.reads_models
+    assert not Registry([StageSpec("toy", port_offset=0, build=lambda cfg: None)]).reads_models
