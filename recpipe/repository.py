@@ -205,11 +205,17 @@ class Repository:
             raise ArtifactMismatch(f"{path}: not listed in {self.root / MANIFEST}")
         if name in self._verified:
             return path
-        if not path.exists():
-            raise ArtifactMismatch(f"{path}: artifact is missing")
+        self._present(name)
         if path.stat().st_size != entry.get("bytes") or sha256_file(path) != entry.get("sha256"):
             raise ArtifactMismatch(f"{path}: sha256 does not match {self.root / MANIFEST} (file changed or corrupt)")
         self._verified.add(name)
+        return path
+
+    def _present(self, name: str) -> Path:
+        """Path of listed artifact ``name`` after checking a file is there (``ArtifactMismatch`` if not)."""
+        path = self.root / name
+        if not path.is_file():
+            raise ArtifactMismatch(f"{path}: artifact is missing")
         return path
 
     def json(self, name: str) -> dict[str, Any]:
@@ -219,9 +225,7 @@ class Repository:
         """Every listed artifact is there at its recorded size (cheap, no hashing: ``file`` checks the
         sha256 where a stage reads it)."""
         for name, entry in self.manifest["files"].items():
-            path = self.root / name
-            if not path.is_file():
-                raise ArtifactMismatch(f"{path}: artifact is missing")
+            path = self._present(name)
             if path.stat().st_size != entry.get("bytes"):
                 raise ArtifactMismatch(f"{path}: {path.stat().st_size} bytes, {self.root / MANIFEST} says "
                                        f"{entry.get('bytes')} (file changed or truncated)")

@@ -66,6 +66,30 @@ def test_missing_artifact_is_named(repo_copy: Path, small_dataset: Path) -> None
         FeatureCore.load(repo_copy, small_dataset)
 
 
+def test_file_and_check_present_say_the_same_of_a_missing_artifact(tmp_path: Path) -> None:
+    """``file`` (hashing, where a stage reads it) and ``check_present`` (sizes, before serve starts) share
+    their presence check: a missing artifact, or a directory in its place, is "artifact is missing" from
+    both; a truncated one is a size from ``check_present`` and a checksum from ``file``."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "w.bin").write_bytes(b"weights")
+    (tmp_path / "b.json").write_text("{}")
+    write_manifest(tmp_path, {"dataset_sha256": "d"})
+    Repository.open(tmp_path).check_present()
+    (tmp_path / "a" / "w.bin").write_bytes(b"weig")
+    with pytest.raises(ArtifactMismatch, match=r"w\.bin: 4 bytes, .*manifest\.json says 7 \(file changed or truncated\)"):
+        Repository.open(tmp_path).check_present()
+    with pytest.raises(ArtifactMismatch, match=r"w\.bin: sha256 does not match .*manifest\.json"):
+        Repository.open(tmp_path).file("a/w.bin")
+    shutil.rmtree(tmp_path / "a")
+    (tmp_path / "b.json").unlink()
+    (tmp_path / "b.json").mkdir()
+    for name in ("a/w.bin", "b.json"):
+        with pytest.raises(ArtifactMismatch, match=rf"{name.replace('.', '[.]')}: artifact is missing"):
+            Repository.open(tmp_path).file(name)
+    with pytest.raises(ArtifactMismatch, match=r"w\.bin: artifact is missing"):
+        Repository.open(tmp_path).check_present()
+
+
 def test_missing_manifest(tmp_path: Path) -> None:
     with pytest.raises(ArtifactMismatch, match=r"manifest\.json"):
         RankingCore.load(tmp_path, device="cpu")
