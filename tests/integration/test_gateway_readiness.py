@@ -4,6 +4,7 @@ when it is back; Recommend meanwhile answers UNAVAILABLE naming the stage."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
@@ -13,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -25,7 +27,7 @@ from recpipe.features.servicer import FeatureStage
 from recpipe.gateway.servicer import GatewayStage
 from recpipe.ranking.servicer import RankingStage
 from recpipe.retrieval.servicer import RetrievalStage
-from recpipe.serving.server import ServerThread
+from recpipe.serving.server import ServerThread, StageServer
 from recpipe.serving.supervisor import free_port, health_status
 from recpipe.v1 import recommend_pb2, recommend_pb2_grpc
 
@@ -52,6 +54,23 @@ def recommend_outcome(stub: recommend_pb2_grpc.RecommendServiceStub, user: int, 
     except grpc.RpcError as e:
         return e.code(), e.details() or ""
 
+
+
+def outcomes_while_stopping(gateway: str, held: ServerThread, server: StageServer, grace_s: float, calls: int
+                            ) -> list[tuple[grpc.StatusCode, str]]:
+    """The outcomes (``recommend_outcome``) of ``calls`` concurrent Recommends sent to ``gateway`` while
+    ``server`` stops: after one answered query, ``held``'s event loop (``server``'s) sleeps 1 s with the
+    stop (``grace_s``) queued behind it, so the calls reach a server that is about to stop and are still
+    pending when it does."""
+    with grpc.insecure_channel(gateway) as channel:
+        stub = recommend_pb2_grpc.RecommendServiceStub(channel)
+        assert recommend_outcome(stub, 0)[0] == grpc.StatusCode.OK
+        held.loop.call_soon_threadsafe(time.sleep, 1.0)
+        stopping = asyncio.run_coroutine_threadsafe(server.stop(grace_s), held.loop)
+        with ThreadPoolExecutor(calls) as pool:
+            outcomes = list(pool.map(lambda user: recommend_outcome(stub, user), range(1, calls + 1)))
+        stopping.result(10)
+    return outcomes
 
 @contextlib.contextmanager
 def toy_features_chain() -> Iterator[tuple[subprocess.Popen[bytes], str, str]]:

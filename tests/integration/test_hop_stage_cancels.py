@@ -9,12 +9,8 @@ arrive, so they are still pending when it stops."""
 
 from __future__ import annotations
 
-import asyncio
-import time
-from concurrent.futures import ThreadPoolExecutor
-
 import grpc
-from test_gateway_readiness import recommend_outcome, wait_status
+from test_gateway_readiness import outcomes_while_stopping, wait_status
 from toy_stages import ToyFeatureCore, ToyRankingCore, ToyRetrievalCore, ToyWorld
 
 from recpipe.features.servicer import FeatureStage
@@ -23,7 +19,6 @@ from recpipe.gateway.servicer import GatewayStage
 from recpipe.ranking.servicer import RankingStage
 from recpipe.retrieval.servicer import RetrievalStage
 from recpipe.serving.server import ServerThread
-from recpipe.v1 import recommend_pb2_grpc
 
 
 def test_calls_a_stopping_stage_cancels_are_unavailable_naming_it_not_cancelled() -> None:
@@ -36,20 +31,9 @@ def test_calls_a_stopping_stage_cancels_are_unavailable_naming_it_not_cancelled(
         ranking = st.start(RankingStage(lambda: ToyRankingCore(world)))
         gateway = st.start(GatewayStage(features.address, retrieval.address, ranking.address, options))
         wait_status(gateway.address, "SERVING")
-        with grpc.insecure_channel(gateway.address) as channel:
-            stub = recommend_pb2_grpc.RecommendServiceStub(channel)
-
-            def recommend(user: int) -> tuple[grpc.StatusCode, str]:
-                return recommend_outcome(stub, user)
-
-            assert recommend(0)[0] == grpc.StatusCode.OK
-            # the features stage's loop is busy for 1 s, its stop queued behind: the calls arriving
-            # meanwhile are still pending when it stops
-            stage_thread.loop.call_soon_threadsafe(time.sleep, 1.0)
-            stopping = asyncio.run_coroutine_threadsafe(features.stop(1.0), stage_thread.loop)
-            with ThreadPoolExecutor(6) as pool:
-                outcomes = list(pool.map(recommend, range(1, 7)))
-            stopping.result(10)
+        # the features stage's loop is busy for 1 s, its stop queued behind: the calls arriving
+        # meanwhile are still pending when it stops
+        outcomes = outcomes_while_stopping(gateway.address, stage_thread, features, 1.0, calls=6)
         st.stop(gateway)
     failed = [(code, details) for code, details in outcomes if code != grpc.StatusCode.OK]
     assert failed, outcomes

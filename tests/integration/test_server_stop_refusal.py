@@ -8,12 +8,8 @@ milliseconds before the SIGTERM were."""
 
 from __future__ import annotations
 
-import asyncio
-import time
-from concurrent.futures import ThreadPoolExecutor
-
 import grpc
-from test_gateway_readiness import recommend_outcome, wait_status
+from test_gateway_readiness import outcomes_while_stopping, wait_status
 from toy_stages import ToyFeatureCore, ToyRankingCore, ToyRetrievalCore, ToyWorld
 
 from recpipe.features.servicer import FeatureStage
@@ -21,7 +17,6 @@ from recpipe.gateway.servicer import GatewayStage
 from recpipe.ranking.servicer import RankingStage
 from recpipe.retrieval.servicer import RetrievalStage
 from recpipe.serving.server import ServerThread
-from recpipe.v1 import recommend_pb2_grpc
 
 
 def test_calls_reaching_a_stopping_gateway_are_refused_unavailable_never_cancelled() -> None:
@@ -32,18 +27,7 @@ def test_calls_reaching_a_stopping_gateway_are_refused_unavailable_never_cancell
         ranking = st.start(RankingStage(lambda: ToyRankingCore(world)))
         gateway = gateway_thread.start(GatewayStage(features.address, retrieval.address, ranking.address))
         wait_status(gateway.address, "SERVING")
-        with grpc.insecure_channel(gateway.address) as channel:
-            stub = recommend_pb2_grpc.RecommendServiceStub(channel)
-
-            def recommend(user: int) -> tuple[grpc.StatusCode, str]:
-                return recommend_outcome(stub, user)
-
-            assert recommend(0)[0] == grpc.StatusCode.OK
-            gateway_thread.loop.call_soon_threadsafe(time.sleep, 1.0)
-            stopping = asyncio.run_coroutine_threadsafe(gateway.stop(2.0), gateway_thread.loop)
-            with ThreadPoolExecutor(8) as pool:
-                outcomes = list(pool.map(recommend, range(1, 9)))
-            stopping.result(10)
+        outcomes = outcomes_while_stopping(gateway.address, gateway_thread, gateway, 2.0, calls=8)
     codes = [code for code, _ in outcomes]
     assert grpc.StatusCode.CANCELLED not in codes, outcomes
     assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE}, outcomes
