@@ -32,14 +32,15 @@ def _inputs(model: DLRM, batch: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
     return dense, sparse
 
 
-@pytest.mark.parametrize(("tables", "wide_table"), [((7, 3, 11, 5), None), ((9,), None), ((2, 2), None),
-                                                    ((7, 3, 11, 5), 2), ((9,), 0)])
-def test_logits_and_learning_gradients_match_the_model(tables: tuple[int, ...], wide_table: int | None) -> None:
-    model = _model(tables=tables, wide_table=wide_table)
-    dense, sparse = _inputs(model)
-    y = torch.randint(0, 2, (len(dense),), generator=torch.Generator().manual_seed(2)).float()
+Grads = dict[str, torch.Tensor]
 
-    def grads(forward: object) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+
+def _model_then_fixed(model: DLRM, dense: torch.Tensor, sparse: torch.Tensor, y: torch.Tensor
+                      ) -> tuple[torch.Tensor, Grads, torch.Tensor, Grads]:
+    """A logistic-loss step through the model itself, then (its tables frozen) through
+    ``FixedTableForward``: each one's logits and the gradient of every weight that got one."""
+
+    def grads(forward: object) -> tuple[torch.Tensor, Grads]:
         model.zero_grad(set_to_none=True)
         logits = forward(dense, sparse)  # type: ignore[operator]
         torch.nn.functional.binary_cross_entropy_with_logits(logits, y).backward()
@@ -48,6 +49,16 @@ def test_logits_and_learning_gradients_match_the_model(tables: tuple[int, ...], 
     want_logits, want = grads(model)
     model.sparse_arch.tables.weight.requires_grad_(False)
     got_logits, got = grads(FixedTableForward(model))
+    return want_logits, want, got_logits, got
+
+
+@pytest.mark.parametrize(("tables", "wide_table"), [((7, 3, 11, 5), None), ((9,), None), ((2, 2), None),
+                                                    ((7, 3, 11, 5), 2), ((9,), 0)])
+def test_logits_and_learning_gradients_match_the_model(tables: tuple[int, ...], wide_table: int | None) -> None:
+    model = _model(tables=tables, wide_table=wide_table)
+    dense, sparse = _inputs(model)
+    y = torch.randint(0, 2, (len(dense),), generator=torch.Generator().manual_seed(2)).float()
+    want_logits, want, got_logits, got = _model_then_fixed(model, dense, sparse, y)
     torch.testing.assert_close(got_logits, want_logits, rtol=1e-5, atol=1e-6)
     table = "sparse_arch.tables.weight"
     assert table in want and table not in got  # the tables take no gradient
@@ -72,16 +83,7 @@ def test_in_float64_it_is_the_models_function(tables: tuple[int, ...], wide_tabl
     dense, sparse = _inputs(model)
     dense = dense.double()
     y = torch.randint(0, 2, (len(dense),), generator=torch.Generator().manual_seed(2)).double()
-
-    def grads(forward: object) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        model.zero_grad(set_to_none=True)
-        logits = forward(dense, sparse)  # type: ignore[operator]
-        torch.nn.functional.binary_cross_entropy_with_logits(logits, y).backward()
-        return logits.detach(), {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
-
-    want_logits, want = grads(model)
-    model.sparse_arch.tables.weight.requires_grad_(False)
-    got_logits, got = grads(FixedTableForward(model))
+    want_logits, want, got_logits, got = _model_then_fixed(model, dense, sparse, y)
     torch.testing.assert_close(got_logits, want_logits, rtol=1e-12, atol=1e-14)
     assert set(got) == set(want) - {"sparse_arch.tables.weight"}
     for name, grad in got.items():
