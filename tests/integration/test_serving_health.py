@@ -106,6 +106,18 @@ def health_while_held(server: StageServer, gate: Gate, call: Callable[[grpc.Chan
     return took
 
 
+def health_while_rank_held(server: StageServer, core: HeldRankingCore, world: ToyWorld, rows: int, after: int = 0
+                           ) -> list[float]:
+    """``health_while_held`` over a Rank of ``rows`` candidates, sent ``after`` Ranks of 20 that the
+    stage answered (and learnt how long its calls take from)."""
+    with grpc.insecure_channel(server.address) as channel:
+        rank = ranking_pb2_grpc.RankingServiceStub(channel).Rank
+        for _ in range(after):
+            rank(rank_request(world, 20), timeout=10)
+    return health_while_held(server, core.gate, lambda ch: ranking_pb2_grpc.RankingServiceStub(ch).Rank.future(
+        rank_request(world, rows), timeout=30))
+
+
 def assert_prompt(took: list[float]) -> None:
     # Every check answered within the probe deadline (asserted as it was made); typically in about a
     # millisecond, so a median of 100 ms leaves a wide margin for a loaded machine.
@@ -130,8 +142,7 @@ def ranking_server(servers: ServerThread) -> tuple[StageServer, HeldRankingCore,
 def test_health_answers_while_the_first_core_call_is_held(servers: ServerThread) -> None:
     server, core, world = ranking_server(servers)
     try:
-        took = health_while_held(server, core.gate, lambda ch: ranking_pb2_grpc.RankingServiceStub(ch).Rank.future(
-            rank_request(world, 20), timeout=30))
+        took = health_while_rank_held(server, core, world, rows=20)
     finally:
         servers.stop(server)
     assert_prompt(took)
@@ -141,12 +152,7 @@ def test_health_answers_while_the_first_core_call_is_held(servers: ServerThread)
 def test_short_calls_run_inline_and_a_call_larger_than_any_before_on_the_thread(servers: ServerThread) -> None:
     server, core, world = ranking_server(servers)
     try:
-        with grpc.insecure_channel(server.address) as channel:
-            rank = ranking_pb2_grpc.RankingServiceStub(channel).Rank
-            for _ in range(5):
-                rank(rank_request(world, 20), timeout=10)
-        took = health_while_held(server, core.gate, lambda ch: ranking_pb2_grpc.RankingServiceStub(ch).Rank.future(
-            rank_request(world, 400), timeout=30))
+        took = health_while_rank_held(server, core, world, rows=400, after=5)
     finally:
         servers.stop(server)
     assert_prompt(took)
@@ -158,12 +164,7 @@ def test_health_answers_while_a_call_predicted_long_is_held(servers: ServerThrea
     server, core, world = ranking_server(servers)
     core.delay_s = 2 * INLINE_MAX_S  # every call is long: the stage learns it
     try:
-        with grpc.insecure_channel(server.address) as channel:
-            rank = ranking_pb2_grpc.RankingServiceStub(channel).Rank
-            for _ in range(3):
-                rank(rank_request(world, 20), timeout=10)
-        took = health_while_held(server, core.gate, lambda ch: ranking_pb2_grpc.RankingServiceStub(ch).Rank.future(
-            rank_request(world, 20), timeout=30))
+        took = health_while_rank_held(server, core, world, rows=20, after=3)
     finally:
         servers.stop(server)
     assert_prompt(took)
