@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,15 @@ def reseal(root: Path) -> None:
     for key in ("files", "version", "format"):
         manifest.pop(key)
     write_manifest(root, manifest)
+
+
+def reseal_edited(root: Path, name: str, edit: Callable[[dict], None]) -> None:
+    """``edit`` the JSON artifact ``name`` in place, then ``reseal``: every checksum holds, the pieces disagree."""
+    path = root / name
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+    reseal(root)
 
 
 def test_manifest_lists_every_artifact_with_checksums(small_models: Path) -> None:
@@ -99,31 +109,19 @@ def test_missing_manifest(tmp_path: Path) -> None:
 
 
 def test_shape_mismatch_between_pieces_is_named(repo_copy: Path) -> None:
-    path = repo_copy / "ranking" / "dlrm.json"
-    cfg = json.loads(path.read_text())
-    cfg["item_dense_dim"] += 1
-    path.write_text(json.dumps(cfg))
-    reseal(repo_copy)
+    reseal_edited(repo_copy, "ranking/dlrm.json", lambda cfg: cfg.update(item_dense_dim=cfg["item_dense_dim"] + 1))
     with pytest.raises(ArtifactMismatch, match=r"dlrm\.json"):
         RankingCore.load(repo_copy, device="cpu")
 
 
 def test_weights_not_matching_config_are_named(repo_copy: Path) -> None:
-    path = repo_copy / "retrieval" / "two_tower.json"
-    cfg = json.loads(path.read_text())
-    cfg["hidden_dims"] = [cfg["hidden_dims"][0] + 1]
-    path.write_text(json.dumps(cfg))
-    reseal(repo_copy)
+    reseal_edited(repo_copy, "retrieval/two_tower.json", lambda cfg: cfg.update(hidden_dims=[cfg["hidden_dims"][0] + 1]))
     with pytest.raises(ArtifactMismatch, match=r"two_tower\.safetensors"):
         RetrievalCore.load(repo_copy, device="cpu")
 
 
 def test_index_not_matching_the_items_is_named(repo_copy: Path) -> None:
-    path = repo_copy / "retrieval" / "index.json"
-    spec = json.loads(path.read_text())
-    spec["num_items"] += 1
-    path.write_text(json.dumps(spec))
-    reseal(repo_copy)
+    reseal_edited(repo_copy, "retrieval/index.json", lambda spec: spec.update(num_items=spec["num_items"] + 1))
     with pytest.raises(ArtifactMismatch, match=r"index\.json"):
         RetrievalCore.load(repo_copy, device="cpu")
 
