@@ -16,6 +16,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from test_cli_serve import alive
 
 from recpipe.errors import RecpipeError
 from recpipe.serving.supervisor import StageProcess, Supervisor, free_port, health_status
@@ -27,14 +28,6 @@ TOY = Path(__file__).with_name("toy_serve.py")
 def toy(name: str, *extra: str) -> StageProcess:
     port = free_port()
     return StageProcess(name, f"127.0.0.1:{port}", (sys.executable, str(TOY), str(port), *extra))
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_supervisor_starts_restarts_and_stops(caplog):
