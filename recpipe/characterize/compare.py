@@ -39,8 +39,9 @@ _PER_ROW = ("sizes.slo_bounds_ms ",)
 #: sweep table compares clients by clients, "-" where a run has no point), each with whether it stopped
 #: a sweep: a difference in one makes two runs unlike only where it stopped one of them
 _SWEEP_STOPS: dict[str, Callable[[dict[str, Any]], bool]] = {
-    "sizes.sweep_p99_ms ": lambda sweep: settings.past_sweep_bound(sweep["points"][-1]["p99_us"],
-                                                                   sweep["p99_bound_ms"]),
+    "sizes.sweep_p99_ms ": lambda sweep: (not settings.stopped_for_failures(str(sweep.get("stop_reason", "")))
+                                          and settings.past_sweep_bound(sweep["points"][-1]["p99_us"],
+                                                                        sweep["p99_bound_ms"])),
     "sizes.max_concurrency ": lambda sweep: settings.reached_cap(str(sweep.get("stop_reason", ""))),
 }
 

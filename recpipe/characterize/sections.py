@@ -25,7 +25,7 @@ from recpipe.accel.traffic import KEY as TRAFFIC_KEY
 from recpipe.accel.traffic import Traffic
 from recpipe.characterize import cpu_probe, datapaths, micro, ranking_batches
 from recpipe.characterize.gpu import BusySampler
-from recpipe.characterize.settings import MIN_GAIN, Settings, cap_reason, past_sweep_bound
+from recpipe.characterize.settings import MIN_GAIN, Settings, cap_reason, failed_reason, past_sweep_bound
 from recpipe.config import STEPS
 from recpipe.querygen import slo
 from recpipe.querygen.compare import block
@@ -284,8 +284,9 @@ def sequential_section(settings: Settings, ch: Chain) -> dict[str, Any]:
 
 def sweep_section(settings: Settings, ch: Chain, time_left: Callable[[], float],
                   busy: BusySampler | None = None) -> dict[str, Any]:
-    """Closed loop at 1, 2, 4, ... clients until throughput stops rising, p99 passes the bound, the
-    largest concurrency is reached or the budget is spent. With ``busy`` (the section's GPU sampler),
+    """Closed loop at 1, 2, 4, ... clients until throughput stops rising, p99 passes the bound, more than
+    ``MAX_FAILED_SHARE`` of a point's queries fail (refused, timed out), the largest concurrency is reached
+    or the budget is spent. With ``busy`` (the section's GPU sampler),
     each point's GPU busy fraction too (``gpu_busy``: its samples during that point), so the peak's is
     known."""
     s = settings.sizes
@@ -310,8 +311,13 @@ def sweep_section(settings: Settings, ch: Chain, time_left: Callable[[], float],
                        "gpu_busy": busy.fraction_since(mark) if busy is not None else None,
                        "attribution": doc["attribution"]})
         say(f"sweep: {c} clients -> {doc['achieved_rate']:.1f} q/s, p99 {e2e['p99_us'] / 1000:.2f} ms")
+        if failed := failed_reason(c, int(doc["errors"]), int(doc["queries"]), doc.get("errors_by_code")):
+            stop = failed
+            break
         if past_sweep_bound(e2e["p99_us"], s.sweep_p99_ms):
             stop = f"p99 {e2e['p99_us'] / 1000:.2f} ms passed the {s.sweep_p99_ms:g} ms bound"
+            if doc["errors"]:  # a few, each counted until its deadline at least
+                stop += f" ({doc['errors']:,} of {doc['queries']:,} queries failed)"
             break
         if c > 1 and doc["achieved_rate"] < best * (1 + MIN_GAIN):
             stop = f"throughput rose less than {MIN_GAIN:.0%} over the best so far"

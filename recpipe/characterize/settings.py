@@ -124,6 +124,26 @@ def past_sweep_bound(p99_us: float, bound_ms: float) -> bool:
     return p99_us > bound_ms * 1000
 
 
+#: a sweep point may fail this share of its queries (the SLO search's allowance, ``SloSearch``); one that
+#: fails more stops the sweep, for its failures, whatever its p99
+MAX_FAILED_SHARE = 0.01
+
+
+def failed_reason(clients: int, failed: int, queries: int, by_code: dict[str, int] | None = None) -> str | None:
+    """A sweep's stop reason at a point whose failed queries (refused, timed out) passed ``MAX_FAILED_SHARE``
+    of its ``queries`` (``stopped_for_failures``); None where they did not."""
+    if failed <= 0 or failed <= MAX_FAILED_SHARE * queries:
+        return None
+    codes = ", ".join(f"{code} {n:,}" for code, n in sorted((by_code or {}).items()) if n)
+    return (f"{failed:,} of {queries:,} queries failed at {clients} client{'s' * (clients != 1)}"
+            + (f" ({codes})" if codes else "") + f", more than the {MAX_FAILED_SHARE:.0%} a point may fail")
+
+
+def stopped_for_failures(stop_reason: str) -> bool:
+    """Whether a sweep stopped because a point's queries failed (``failed_reason``), not at its p99 bound."""
+    return re.fullmatch(r"[\d,]+ of [\d,]+ queries failed at \d+ clients?.*", stop_reason) is not None
+
+
 def cap_reason(clients: int) -> str:
     """A sweep's stop reason once it has measured its largest number of clients (``reached_cap``)."""
     return f"reached {clients} clients"

@@ -1,0 +1,63 @@
+"""The closed-loop sweep of a characterization, its points measured by a stand-in for querygen: where it
+stops and what its stop reason says."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from recpipe.characterize import compare, sections, settings
+from recpipe.characterize.sections import Chain, Counters, Measured
+from recpipe.characterize.settings import QUICK, Settings
+from recpipe.config import STEPS
+
+SETTINGS = Settings(quick=True, sizes=QUICK, data="D", models="M", data_scale=None, data_seed=None,
+                    dataset_sha256=None, device="cpu", generator_processes=1)
+CHAIN = Chain(gateway="127.0.0.1:58001", pids={}, addresses={})
+
+
+def point(rate: float, p99_ms: float, queries: int = 1000, errors: int = 0, **by_code: int) -> dict[str, Any]:
+    """A querygen document as a closed-loop point left it (only what the sweep reads)."""
+    e2e = {"p50_us": p99_ms * 500, "p99_us": p99_ms * 1000, "mean_us": p99_ms * 600, "count": queries}
+    return {"achieved_rate": rate, "queries": queries, "ok": queries - errors, "errors": errors,
+            "errors_by_code": by_code, "warmup_queries": 10, "end_to_end": e2e, "end_to_end_all": e2e,
+            "stages": {st: {"p50_us": 100.0, "p99_us": 200.0} for st in STEPS}, "attribution": {}}
+
+
+def sweep(monkeypatch: pytest.MonkeyPatch, *docs: dict[str, Any]) -> dict[str, Any]:
+    """The sweep section over ``docs``, one per point in turn (1, 2, 4 clients)."""
+    left = list(docs)
+    none = Counters({}, {})
+
+    def measure(ch: Chain, config: Any) -> Measured:
+        return Measured(left.pop(0), {"querygen": 0.001}, {}, {}, none, none)
+
+    monkeypatch.setattr(sections, "_measure", measure)
+    monkeypatch.setattr(sections, "say", lambda message: None)
+    return sections.sweep_section(SETTINGS, CHAIN, lambda: 60.0)
+
+
+def test_a_sweep_stopped_by_its_points_failed_queries_says_so_not_that_p99_passed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the second point's queries were mostly refused: each counts until its 10 s deadline, past the bound
+    got = sweep(monkeypatch, point(500.0, 9.0), point(60.0, 10_002.4, 1442, 1364, RESOURCE_EXHAUSTED=1300,
+                                                        DEADLINE_EXCEEDED=64))
+    assert got["stop_reason"] == ("1,364 of 1,442 queries failed at 2 clients (DEADLINE_EXCEEDED 64, "
+                                  "RESOURCE_EXHAUSTED 1,300), more than the 1% a point may fail")
+    assert "p99" not in got["stop_reason"] and len(got["points"]) == 2
+    assert settings.stopped_for_failures(got["stop_reason"])
+    # a sweep its failures stopped was not stopped by its p99 bound: another bound compares alike
+    other = {"sizes": {**SETTINGS.to_json()["sizes"], "sweep_p99_ms": 200.0}}
+    docs = [{"settings": {**SETTINGS.to_json(), **s}, "sections": {"sweep": got}} for s in ({}, other)]
+    assert compare.differences(*docs) == []
+
+
+def test_a_p99_stop_stays_one_and_a_few_failed_queries_do_not_stop_the_sweep(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    got = sweep(monkeypatch, point(500.0, 9.0, errors=1), point(900.0, 600.0))  # 1 of 1,000: within 1%
+    assert got["stop_reason"] == f"p99 600.00 ms passed the {QUICK.sweep_p99_ms:g} ms bound"
+    assert not settings.stopped_for_failures(got["stop_reason"])
+    got = sweep(monkeypatch, point(500.0, 9.0), point(900.0, 600.0, errors=5))
+    assert got["stop_reason"].endswith("bound (5 of 1,000 queries failed)")
+    assert settings.stopped_for_failures("reached 4 clients") is False
