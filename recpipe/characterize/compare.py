@@ -224,7 +224,7 @@ def _sweep(runs: Runs) -> list[str]:
                 cells += [_x(_ratio(p["throughput"], b0["throughput"])), _x(speedup(b0["p99_us"], p["p99_us"]))]
         out.append(f"| {c} | " + " | ".join(cells) + " |")
     failed = [f"- {lb}'s failed queries: {text}" for (lb, doc), s in zip(runs, sweeps, strict=True)
-              if (text := report.failures(doc, [(report.clients(p["concurrency"]), p) for p in s["points"]]))]
+              if (text := report.failures(doc, "sweep", [(report.clients(p["concurrency"]), p) for p in s["points"]]))]
     out += ["", *failed] if failed else []
     busy = []  # what each run's peak kept busy (documents from before runs recorded their load say nothing)
     for lb, s, b in zip(labels, sweeps, by_c, strict=True):

@@ -14,6 +14,10 @@ out): a rerun measures that section again, and until then ``not_run`` names what
 written before a section existed (``data_paths``, and ``transfers_per_query`` in ``sequential``) is
 still read: the report says "not measured" where it lacks one, and says nothing of a part it lacks
 (``load`` and ``compute_cpu_s_per_query`` in ``sequential`` and the sweep's points).
+
+Each serving section (sequential, sweep, slo) says how it counted in its ``counts`` (``COUNTS``), written
+by characterize with the block, so a document resumed from an older one says it section by section; a
+block from before the field is read as ``counted`` guesses it.
 """
 
 from __future__ import annotations
@@ -33,6 +37,24 @@ SUPPORTED_VERSIONS = (1,)
 FILENAME = "characterization.json"
 #: in the order they run
 SECTIONS: tuple[str, ...] = ("platform", "sequential", "sweep", "slo", "micro", "data_paths")
+
+
+#: ``counts.latency`` of a serving section: its p50/p99 over every query, a failed one until its deadline
+#: at least (``EVERY_QUERY``), or over the answered ones only, the failed left out (``ANSWERED``)
+EVERY_QUERY = "every query"
+ANSWERED = "answered"
+#: how a serving section measured now counts (its block's ``counts``)
+COUNTS: dict[str, str] = {"latency": EVERY_QUERY}
+
+
+def counted(doc: dict[str, Any], name: str) -> dict[str, str]:
+    """How serving section ``name`` of ``doc`` counted (its ``counts``). A block from before the field: its
+    latency over every query where the sequential section kept ``end_to_end_all`` (which came with that
+    counting), else over the answered queries."""
+    sec = doc["sections"]
+    if isinstance(given := (sec.get(name) or {}).get("counts"), dict):
+        return given
+    return {"latency": EVERY_QUERY if "end_to_end_all" in (sec.get("sequential") or {}) else ANSWERED}
 
 
 def now_utc() -> str:

@@ -206,7 +206,7 @@ def markdown(doc: dict[str, Any], charts: tuple[str, ...] = CHARTS) -> str:
             if loaded:
                 cells.append("-" if busy is None else f"{busy:.0%}")
             out.append("| " + " | ".join(cells) + " |")
-        if failed := failures(doc, [(clients(p["concurrency"]), p) for p in sweep["points"]]):
+        if failed := failures(doc, "sweep", [(clients(p["concurrency"]), p) for p in sweep["points"]]):
             out += ["", f"**Failed queries:** {failed}"]
         peak = next((p for p in sweep["points"] if p["concurrency"] == sweep["peak_concurrency"]), None)
         out += ["", *_tail_line(f"At the sweep's peak ({sweep['peak_concurrency']} clients)",
@@ -226,7 +226,7 @@ def markdown(doc: dict[str, Any], charts: tuple[str, ...] = CHARTS) -> str:
             out.append(f"| {srch['p99_bound_ms']:g} | {'none met' if rate is None else f'{rate:.1f}'} | "
                        f"{len(srch['curve'])} | {' / '.join('-' if n is None else str(n) for n in counts)} |")
         for srch in slo["searches"]:
-            if failed := failures(doc, [(f"{st['target_rate']:.1f} q/s", st) for st in srch["curve"]]):
+            if failed := failures(doc, "slo", [(f"{st['target_rate']:.1f} q/s", st) for st in srch["curve"]]):
                 out.append(f"\n**p99 <= {srch['p99_bound_ms']:g} ms, failed queries:** {failed}")
         peak_rate = (sec.get("sweep") or {}).get("peak_throughput")
         out += [line for srch in slo["searches"] if (line := unmet_line(srch, seq, peak_rate))]
@@ -264,16 +264,16 @@ def clients(n: int) -> str:
     return f"{n} client{'s' * (n != 1)}"
 
 
-def failures(doc: dict[str, Any], runs: list[tuple[str, dict[str, Any]]]) -> str:
-    """``"1,364 of 1,442 at 2 clients; ..."`` for each of ``runs`` (a sweep point or an SLO step, by name) with
-    failed queries, and how its latencies count them; empty where none failed. A failed query is no answer:
-    since the sequential section kept ``end_to_end_all``, the sweep and SLO p50/p99 count each until its
-    deadline at least (however fast it failed); before, they left it out."""
+def failures(doc: dict[str, Any], section: str, runs: list[tuple[str, dict[str, Any]]]) -> str:
+    """``"1,364 of 1,442 at 2 clients; ..."`` for each of ``runs`` (a sweep point or an SLO step of ``section``,
+    by name) with failed queries, and how its latencies count them (``document.counted``); empty where none
+    failed. A failed query is no answer: p50/p99 count each until its deadline at least (however fast it
+    failed), or, in a document from before, leave it out."""
     failed = [f"{int(r['errors']):,} of {int(r['queries']):,} at {name}" for name, r in runs if r.get("errors")]
     if not failed:
         return ""
     counted = ("each counts in p50/p99 as unanswered until its deadline at least, and not in q/s"
-               if "end_to_end_all" in (doc["sections"].get("sequential") or {}) else
+               if document.counted(doc, section)["latency"] == document.EVERY_QUERY else
                "p50/p99 leave them out (a document from before failed queries were counted)")
     return "; ".join(failed) + f" ({counted})."
 

@@ -23,7 +23,7 @@ from typing import Any
 from recpipe import cputime
 from recpipe.accel.traffic import KEY as TRAFFIC_KEY
 from recpipe.accel.traffic import Traffic
-from recpipe.characterize import cpu_probe, datapaths, micro, ranking_batches
+from recpipe.characterize import cpu_probe, datapaths, document, micro, ranking_batches
 from recpipe.characterize.gpu import BusySampler
 from recpipe.characterize.settings import MIN_GAIN, Settings, cap_reason, failed_reason, past_sweep_bound
 from recpipe.config import STEPS
@@ -279,6 +279,7 @@ def sequential_section(settings: Settings, ch: Chain) -> dict[str, Any]:
         "cpu_s_per_query": m.cpu, "compute_cpu_s_per_query": m.compute, "load": m.load,
         "transfers_per_query": transfers, "pipeline": doc["pipeline"],
         "model_version": doc["model_version"], "warnings": doc["warnings"], "attribution": doc["attribution"],
+        "counts": dict(document.COUNTS),
     }
 
 
@@ -328,7 +329,7 @@ def sweep_section(settings: Settings, ch: Chain, time_left: Callable[[], float],
     return {"points": points, "stop_reason": stop, "min_gain": MIN_GAIN, "p99_bound_ms": s.sweep_p99_ms,
             "peak_throughput": peak["throughput"] if peak else None,
             "peak_concurrency": peak["concurrency"] if peak else None,
-            "peak_gpu_busy": peak.get("gpu_busy") if peak else None}
+            "peak_gpu_busy": peak.get("gpu_busy") if peak else None, "counts": dict(document.COUNTS)}
 
 
 def slo_section(settings: Settings, ch: Chain, start_rate: float | None,
@@ -358,7 +359,7 @@ def slo_section(settings: Settings, ch: Chain, start_rate: float | None,
                          **_knee_attribution(result.max_rate, result.curve, bands)})
         rate = result.max_rate
         say(f"slo: p99 <= {bound:g} ms -> " + (f"{rate:.1f} q/s" if rate else "no rate met it"))
-    return {"start_rate": start, "searches": searches, "skipped_for_budget_ms": skipped}
+    return {"start_rate": start, "searches": searches, "skipped_for_budget_ms": skipped, "counts": dict(document.COUNTS)}
 
 
 def _knee_attribution(max_rate: float | None, curve: list[dict[str, Any]],

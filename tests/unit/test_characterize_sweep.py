@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from recpipe.characterize import compare, sections, settings
+from recpipe.characterize import compare, document, report, sections, settings
 from recpipe.characterize.sections import Chain, Counters, Measured
 from recpipe.characterize.settings import QUICK, Settings
 from recpipe.config import STEPS
@@ -61,3 +61,21 @@ def test_a_p99_stop_stays_one_and_a_few_failed_queries_do_not_stop_the_sweep(
     got = sweep(monkeypatch, point(500.0, 9.0), point(900.0, 600.0, errors=5))
     assert got["stop_reason"].endswith("bound (5 of 1,000 queries failed)")
     assert settings.stopped_for_failures("reached 4 clients") is False
+
+
+def test_a_sweep_says_how_it_counted_its_failed_queries_without_a_sequential_section(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The report reads how a sweep counted its failed queries from the sweep block itself (``counts``, written
+    with it), not from whether the sequential section holds ``end_to_end_all``: that section may not have run."""
+    got = sweep(monkeypatch, point(500.0, 9.0, errors=3), point(900.0, 600.0))
+    assert got["counts"]["latency"] == document.EVERY_QUERY
+    doc = {"settings": SETTINGS.to_json(), "sections": {"sweep": got}}
+    assert report.failures(doc, "sweep", [("1 client", got["points"][0])]) == (
+        "3 of 1,000 at 1 client (each counts in p50/p99 as unanswered until its deadline at least, and not in q/s).")
+    # a document from before the field: the sequential section still tells it, as it always did
+    old = {**got}
+    del old["counts"]
+    for seq, said in (({"end_to_end_all": {}}, "each counts in p50/p99 as unanswered"),
+                      ({}, "p50/p99 leave them out (a document from before failed queries were counted)")):
+        text = report.failures({"sections": {"sweep": old, "sequential": seq}}, "sweep", [("1 client", old["points"][0])])
+        assert said in text
