@@ -181,7 +181,10 @@ def _cpu(runs: Runs) -> list[str]:
     if not _both(runs, "sequential"):
         return []
     labels = [lb for lb, _ in runs]
-    out = ["## CPU time per query per process (sequential, ms of CPU; speed-up = less CPU)", "",
+    per = {lb: report.cpu_per(doc, "sequential") for lb, doc in runs}  # a document from before: per query sent
+    unlike = ["CPU per " + "; ".join(f"{w} in {lb}" for lb, w in per.items()) + ": alike only where no query "
+              "failed.", ""] if len(set(per.values())) > 1 else []
+    out = ["## CPU time per query per process (sequential, ms of CPU; speed-up = less CPU)", "", *unlike,
            "| process | " + " | ".join(labels) + "".join(f" | {lb} speed-up" for lb in labels[1:]) + " |",
            "|---" * (1 + 2 * len(runs) - 1) + "|"]
     base = runs[0][1]["sections"]["sequential"]["cpu_s_per_query"]

@@ -43,18 +43,22 @@ SECTIONS: tuple[str, ...] = ("platform", "sequential", "sweep", "slo", "micro", 
 #: at least (``EVERY_QUERY``), or over the answered ones only, the failed left out (``ANSWERED``)
 EVERY_QUERY = "every query"
 ANSWERED = "answered"
+#: ``counts.cpu_per_query``: the processes' CPU divided over the queries answered (``ANSWERED``) or over
+#: every query sent, refused and timed-out ones too (``SENT``); the warm-up's queries are in both
+SENT = "sent"
 #: how a serving section measured now counts (its block's ``counts``)
-COUNTS: dict[str, str] = {"latency": EVERY_QUERY}
+COUNTS: dict[str, str] = {"latency": EVERY_QUERY, "cpu_per_query": ANSWERED}
 
 
 def counted(doc: dict[str, Any], name: str) -> dict[str, str]:
     """How serving section ``name`` of ``doc`` counted (its ``counts``). A block from before the field: its
     latency over every query where the sequential section kept ``end_to_end_all`` (which came with that
-    counting), else over the answered queries."""
+    counting), else over the answered queries; its CPU over every query sent."""
     sec = doc["sections"]
-    if isinstance(given := (sec.get(name) or {}).get("counts"), dict):
-        return given
-    return {"latency": EVERY_QUERY if "end_to_end_all" in (sec.get("sequential") or {}) else ANSWERED}
+    given = (sec.get(name) or {}).get("counts")
+    legacy = {"latency": EVERY_QUERY if "end_to_end_all" in (sec.get("sequential") or {}) else ANSWERED,
+              "cpu_per_query": SENT}
+    return {**legacy, **given} if isinstance(given, dict) else legacy
 
 
 def now_utc() -> str:

@@ -185,7 +185,8 @@ def markdown(doc: dict[str, Any], charts: tuple[str, ...] = CHARTS) -> str:
         e = block(seq, "end_to_end")  # every query, a failed one until its deadline at least
         out += [f"| **end to end** | {_ms(e['p50_us'])} | {_ms(e['p99_us'])} | | | | |", ""]
         out += _tail_line("Sequential", seq.get("attribution"))
-        out += _cpu_table("CPU seconds per query (ms of CPU) per process, sequential:", seq["cpu_s_per_query"])
+        out += _cpu_table(f"CPU seconds per {cpu_per(doc, 'sequential')} (ms of CPU) per process, sequential:",
+                          seq["cpu_s_per_query"])
         if own := own_work_of("Sequential", seq, seq):
             out += [own, ""]
         out += _gpu_line(seq)
@@ -206,6 +207,7 @@ def markdown(doc: dict[str, Any], charts: tuple[str, ...] = CHARTS) -> str:
             if loaded:
                 cells.append("-" if busy is None else f"{busy:.0%}")
             out.append("| " + " | ".join(cells) + " |")
+        out += ["", f"CPU ms/q: each process group's ms of CPU per {cpu_per(doc, 'sweep')}, the warm-up's too."]
         if failed := failures(doc, "sweep", [(clients(p["concurrency"]), p) for p in sweep["points"]]):
             out += ["", f"**Failed queries:** {failed}"]
         peak = next((p for p in sweep["points"] if p["concurrency"] == sweep["peak_concurrency"]), None)
@@ -276,6 +278,12 @@ def failures(doc: dict[str, Any], section: str, runs: list[tuple[str, dict[str, 
                if document.counted(doc, section)["latency"] == document.EVERY_QUERY else
                "p50/p99 leave them out (a document from before failed queries were counted)")
     return "; ".join(failed) + f" ({counted})."
+
+
+def cpu_per(doc: dict[str, Any], section: str) -> str:
+    """What serving section ``section``'s CPU per query divides over (``document.counted``), in words: the
+    answered queries, or, in a document from before, every query sent (refused and timed-out ones too)."""
+    return "answered query" if document.counted(doc, section)["cpu_per_query"] == document.ANSWERED else "query sent"
 
 
 def not_run(doc: dict[str, Any]) -> dict[str, str]:

@@ -197,9 +197,10 @@ def _config(settings: Settings, target: str, **kw: Any) -> Any:
 
 @dataclass(frozen=True)
 class Measured:
-    """One querygen run (``doc``) and what it cost: ``cpu``, the CPU seconds per query of each process
-    group (warm-up included); ``load`` (``_load``); ``compute``, the CPU seconds per query of each
-    stage's own core calls (``Counters.compute_s``); and the stages' counters before and after."""
+    """One querygen run (``doc``) and what it cost: ``cpu``, the CPU seconds per answered query of each
+    process group (the warm-up's queries and CPU included; ``document.COUNTS``); ``load`` (``_load``);
+    ``compute``, the CPU seconds per answered query of each stage's own core calls (``Counters.compute_s``);
+    and the stages' counters before and after."""
 
     doc: dict[str, Any]
     cpu: dict[str, float | None]
@@ -218,10 +219,11 @@ def _measure(ch: Chain, config: Any) -> Measured:
     doc = loops.run(session.execute(config))
     after, machine1, wall = ch.cpu(), cputime.machine_ticks(), time.monotonic() - t0
     counters1 = ch.counters()
-    sent = doc["queries"] + doc["warmup_queries"]
+    answered = doc["ok"] + doc["warmup_queries"]  # document.COUNTS: a refused query is no query served
     after = _with_senders(after, doc["generator"]["sender_cpu_s"])
-    return Measured(doc, cputime.per_query(before, after, sent), _load(ch, doc, before, after, machine0, machine1, wall),
-                    _compute_per_query(counters0, counters1, sent), counters0, counters1)
+    return Measured(doc, cputime.per_query(before, after, answered),
+                    _load(ch, doc, before, after, machine0, machine1, wall),
+                    _compute_per_query(counters0, counters1, answered), counters0, counters1)
 
 
 def _compute_per_query(before: Counters, after: Counters, queries: int) -> dict[str, float | None]:
@@ -352,8 +354,8 @@ def slo_section(settings: Settings, ch: Chain, start_rate: float | None,
             f"at most {s.slo_max_steps}")
         config = _config(settings, ch.gateway, mode="open", rate=start, duration=s.slo_step_s, slo_p99_ms=bound)
         before = ch.cpu()
-        result, sent, sender_cpu_s, bands = loops.run(_search(config, bound, start, s.slo_max_steps))
-        cpu = cputime.per_query(before, _with_senders(ch.cpu(), sender_cpu_s), sent)
+        result, answered, sender_cpu_s, bands = loops.run(_search(config, bound, start, s.slo_max_steps))
+        cpu = cputime.per_query(before, _with_senders(ch.cpu(), sender_cpu_s), answered)
         searches.append({"p99_bound_ms": bound, "max_rate": result.max_rate, "curve": result.curve,
                          "step_duration_s": s.slo_step_s, "cpu_s_per_query": cpu,
                          **_knee_attribution(result.max_rate, result.curve, bands)})
@@ -374,31 +376,31 @@ def _knee_attribution(max_rate: float | None, curve: list[dict[str, Any]],
 
 async def _search(config: Any, bound_ms: float, start: float,
                   max_steps: int) -> tuple[Any, int, float, dict[float, dict[str, Any]]]:
-    """One SLO search over a querygen session; returns the result, the queries sent (warm-ups too), the
-    CPU seconds of the generator's sender processes (0 with one) and each step's ``attribution`` by its
-    offered rate."""
+    """One SLO search over a querygen session; returns the result, the queries answered (warm-ups too:
+    what its CPU per query divides over, ``document.COUNTS``), the CPU seconds of the generator's sender
+    processes (0 with one) and each step's ``attribution`` by its offered rate."""
     from recpipe.querygen.session import Session
     from recpipe.querygen.slo import SloSearch, SloStep, find_max_rate
 
     session = Session(config)
     search = SloSearch(bound_ms * 1000, start, max_steps=max_steps, min_rate=MIN_STEP_QUERIES / config.duration)
-    sent = 0
+    answered = 0
     sender_cpu_s = 0.0
     bands: dict[float, dict[str, Any]] = {}
     await session.open()
     try:
         async def step(rate: float) -> SloStep:
-            nonlocal sent, sender_cpu_s
+            nonlocal answered, sender_cpu_s
             measured = await session.measure(rate, f"SLO p99 <= {bound_ms:g} ms, {rate:.1f} q/s")
             m, achieved = measured.measurement, measured.achieved
             bands[rate] = m.split.bands()
-            sent += m.queries + m.warmup_queries
+            answered += m.ok + m.warmup_queries
             sender_cpu_s += measured.sender_cpu_s
             s = SloStep.of(rate, achieved, m)
             say(f"slo: {rate:.1f} q/s offered, {achieved:.1f} achieved, p99 {s.p99_us / 1000:.2f} ms")
             return s
 
-        return await find_max_rate(search, step), sent, sender_cpu_s, bands
+        return await find_max_rate(search, step), answered, sender_cpu_s, bands
     finally:
         await session.close()
 

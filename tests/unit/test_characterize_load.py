@@ -7,7 +7,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from recpipe.characterize import load, report
+import pytest
+
+from recpipe.characterize import compare, load, report
 
 
 def _load(machine: float | None, **cores: float) -> dict[str, Any]:
@@ -81,3 +83,43 @@ def test_a_bound_no_rate_met_is_set_against_the_lowest_rates_tail_and_the_sequen
         "\np99 <= 5 ms: no rate met it. At the lowest rate tried, 400.0 q/s (40% of the sweep's peak), it was 7.50 ms.")
     assert report.unmet_line({**stopped_high, "max_rate": 400.0}, None, 1000.0) == ""  # met: nothing to say
     assert report.unmet_line({**stopped_high, "curve": []}, None, None) == ""
+
+
+def test_cpu_per_query_divides_over_the_answered_queries_and_the_report_says_so(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refused query costs the chain next to nothing: dividing the processes' CPU over it too would make
+    a point that refused half its load read as half the CPU per query it served."""
+    from recpipe.characterize import document, sections
+    from recpipe.querygen import session
+
+    readings = iter([{"gateway": 10.0, "querygen": 1.0}, {"gateway": 12.0, "querygen": 1.5}])
+    compute = iter([{"gateway": None, "ranking": 3.0}, {"gateway": None, "ranking": 3.5}])
+
+    monkeypatch.setattr(sections.Chain, "cpu", lambda self: dict(next(readings)))
+    monkeypatch.setattr(sections.Chain, "counters", lambda self: sections.Counters({}, dict(next(compute))))
+    # 1,000 measured queries, 600 of them refused, and 10 warm-ups: 410 answered (the warm-ups' CPU is in it)
+    run = {"queries": 1000, "ok": 400, "errors": 600, "warmup_queries": 10,
+           "generator": {"sender_cpu_s": 0.0, "processes": 1}}
+
+    async def execute(config: Any) -> dict[str, Any]:
+        return run
+
+    monkeypatch.setattr(session, "execute", execute)
+    m = sections._measure(sections.Chain("127.0.0.1:58001", {"gateway": [1]}, {}), None)
+    assert m.cpu == {"gateway": round(2.0 / 410, 6), "querygen": round(0.5 / 410, 6)}
+    assert m.compute["ranking"] == round(0.5 / 410, 6)
+    assert document.COUNTS["cpu_per_query"] == document.ANSWERED  # what the blocks now say of themselves
+    # the report says which: a document written now per answered query, one from before per query sent
+    doc = json.loads((Path(__file__).parent.parent / "data" / "characterization_h200_03a97ac.json").read_text())
+    before = json.loads(json.dumps(doc))
+    assert "CPU seconds per query sent (ms of CPU) per process, sequential:" in report.markdown(doc, charts=())
+    assert "CPU ms/q: each process group's ms of CPU per query sent, the warm-up's too." in report.markdown(doc)
+    for name in ("sequential", "sweep"):
+        doc["sections"][name]["counts"] = dict(document.COUNTS)
+    text = report.markdown(doc, charts=())
+    assert "CPU seconds per answered query (ms of CPU) per process, sequential:" in text
+    assert "CPU ms/q: each process group's ms of CPU per answered query, the warm-up's too." in text
+    # compared with a document from before, the CPU table says the two divide differently
+    assert "CPU per query sent in a; answered query in b: alike only where no query failed." in compare.markdown(
+        [("a", before), ("b", doc)])
+    assert "alike only where" not in compare.markdown([("a", before), ("b", before)])
