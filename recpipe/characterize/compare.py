@@ -157,15 +157,21 @@ def _sequential(runs: Runs) -> list[str]:
     head += "".join(f" | {lb} speed-up p50 | {lb} speed-up p99" for lb in labels[1:]) + " |"
     out += [head, "|---" * (1 + 2 * len(runs) + 2 * (len(runs) - 1)) + "|"]
     base = runs[0][1]["sections"]["sequential"]
+    counts: list[int | None] = []  # the queries of each p99 (a quick run's 40: the slowest of them, marked)
     for row in (*STEPS, "end_to_end"):  # end to end over every query, a failed one until its deadline at least
         cells = []
         for _, doc in runs:
             b = block(doc["sections"]["sequential"], row)
-            cells += [_ms(b["p50_us"]), _ms(b["p99_us"])]
+            counts.append(b.get("count"))
+            cells += [_ms(b["p50_us"]), _ms(b["p99_us"]) + report.p99_mark(b.get("count"))]
         for _, doc in runs[1:]:
             b = block(doc["sections"]["sequential"], row)
-            cells += [_x(speedup(block(base, row)[k], b[k])) for k in ("p50_us", "p99_us")]
+            flag = report.p99_mark(block(base, row).get("count")) or report.p99_mark(b.get("count"))
+            cells += [_x(speedup(block(base, row)["p50_us"], b["p50_us"])),
+                      _x(speedup(block(base, row)["p99_us"], b["p99_us"])) + flag]
         out.append(f"| {'**end to end**' if row == 'end_to_end' else row} | " + " | ".join(cells) + " |")
+    if note := report.p99_note(counts):
+        out += ["", note]
     out += ["", "Where the time goes (sequential, mean ms: queue / compute / network):", "",
             "| stage | " + " | ".join(labels) + " |", "|---" * (1 + len(runs)) + "|"]
     for stage in STEPS:
@@ -218,14 +224,17 @@ def _sweep(runs: Runs) -> list[str]:
         points = [b.get(c) for b in by_c]
         cells = []
         for p in points:
-            cells += ["-", "-"] if p is None else [f"{p['throughput']:.1f}", _ms(p["p99_us"])]
+            cells += ["-", "-"] if p is None else [f"{p['throughput']:.1f}", _ms(p["p99_us"]) + report.p99_mark(p["queries"])]
         b0 = points[0]
         for p in points[1:]:
             if p is None or b0 is None:
                 cells += ["n/a", "n/a"]
             else:
-                cells += [_x(_ratio(p["throughput"], b0["throughput"])), _x(speedup(b0["p99_us"], p["p99_us"]))]
+                flag = report.p99_mark(b0["queries"]) or report.p99_mark(p["queries"])
+                cells += [_x(_ratio(p["throughput"], b0["throughput"])), _x(speedup(b0["p99_us"], p["p99_us"])) + flag]
         out.append(f"| {c} | " + " | ".join(cells) + " |")
+    if note := report.p99_note([p["queries"] for s in sweeps for p in s["points"]]):
+        out += ["", note]
     failed = [f"- {lb}'s failed queries: {text}" for (lb, doc), s in zip(runs, sweeps, strict=True)
               if (text := report.failures(doc, "sweep", [(report.clients(p["concurrency"]), p) for p in s["points"]]))]
     out += ["", *failed] if failed else []

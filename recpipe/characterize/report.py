@@ -25,7 +25,7 @@ from recpipe.querygen.config import STEADY_P99_QUERIES
 from recpipe.querygen.output import write_atomic
 from recpipe.querygen.plots import _COLORS, _figure, _save, plain_log_axis
 from recpipe.querygen.slo import knee
-from recpipe.querygen.table import supported
+from recpipe.querygen.table import min_samples, supported
 
 MARKDOWN = "report.md"
 CHARTS = ("curve.png", "stages.png", "split.png")
@@ -180,10 +180,13 @@ def markdown(doc: dict[str, Any], charts: tuple[str, ...] = CHARTS) -> str:
         for stage in STEPS:
             b = seq["stages"][stage]
             parts = split(b)
-            out.append(f"| {stage} | {_ms(b['p50_us'])} | {_ms(b['p99_us'])} | {_ms(b['server']['p50_us'])} | "
-                       f"{_ms(parts['queue'])} | {_ms(parts['compute'])} | {_ms(parts['network'])} |")
+            out.append(f"| {stage} | {_ms(b['p50_us'])} | {_ms(b['p99_us'])}{p99_mark(b.get('count'))} | "
+                       f"{_ms(b['server']['p50_us'])} | {_ms(parts['queue'])} | {_ms(parts['compute'])} | "
+                       f"{_ms(parts['network'])} |")
         e = block(seq, "end_to_end")  # every query, a failed one until its deadline at least
-        out += [f"| **end to end** | {_ms(e['p50_us'])} | {_ms(e['p99_us'])} | | | | |", ""]
+        out += [f"| **end to end** | {_ms(e['p50_us'])} | {_ms(e['p99_us'])}{p99_mark(e.get('count'))} | | | | |", ""]
+        if note := p99_note([b.get("count") for b in (*seq["stages"].values(), e)]):
+            out += [note, ""]
         out += _tail_line("Sequential", seq.get("attribution"))
         out += _cpu_table(f"CPU seconds per {cpu_per(doc, 'sequential')} (ms of CPU) per process, sequential:",
                           seq["cpu_s_per_query"])
@@ -199,15 +202,22 @@ def markdown(doc: dict[str, Any], charts: tuple[str, ...] = CHARTS) -> str:
         out += ["| clients | q/s | p50 ms | p99 ms | " + " | ".join(f"{st} p50/p99 ms" for st in STEPS) + " | "
                 + " | ".join(f"CPU ms/q {p}" for p in procs) + (" | machine busy |" if loaded else " |"),
                 "|---" * (4 + len(STEPS) + len(procs) + loaded) + "|"]
+        p99_counts: list[int | None] = []  # the queries of each p99 in the table
         for p in sweep["points"]:
-            cells = [str(p["concurrency"]), f"{p['throughput']:.1f}", _ms(p["p50_us"]), _ms(p["p99_us"])]
-            cells += [f"{_ms(p['stages'][st]['p50_us'])} / {_ms(p['stages'][st]['p99_us'])}" for st in STEPS]
+            answered = int(p["queries"]) - int(p.get("errors") or 0)  # the stages' p99s are of the answered queries only
+            p99_counts += [p["queries"], answered]
+            cells = [str(p["concurrency"]), f"{p['throughput']:.1f}", _ms(p["p50_us"]),
+                     _ms(p["p99_us"]) + p99_mark(p["queries"])]
+            cells += [f"{_ms(p['stages'][st]['p50_us'])} / {_ms(p['stages'][st]['p99_us'])}{p99_mark(answered)}"
+                      for st in STEPS]
             cells += [_cpu_ms(p["cpu_s_per_query"].get(q)) for q in procs]
             busy = (p.get("load") or {}).get("machine_busy")
             if loaded:
                 cells.append("-" if busy is None else f"{busy:.0%}")
             out.append("| " + " | ".join(cells) + " |")
         out += ["", f"CPU ms/q: each process group's ms of CPU per {cpu_per(doc, 'sweep')}, the warm-up's too."]
+        if note := p99_note(p99_counts):
+            out += ["", note]
         if failed := failures(doc, "sweep", [(clients(p["concurrency"]), p) for p in sweep["points"]]):
             out += ["", f"**Failed queries:** {failed}"]
         peak = next((p for p in sweep["points"] if p["concurrency"] == sweep["peak_concurrency"]), None)
@@ -260,6 +270,20 @@ def markdown(doc: dict[str, Any], charts: tuple[str, ...] = CHARTS) -> str:
     out += data_paths_markdown(doc)
     out += [f"![{c}]({c})" for c in charts]
     return "\n".join(out) + "\n"
+
+
+def p99_mark(count: int | None) -> str:
+    """``"*"`` after a p99 from fewer than 100 queries (the slowest of them, not a percentile), as ``recpipe
+    report`` marks it on querygen runs and the curve rings it; ``""`` where the count is enough or unknown."""
+    return "" if count is None or supported(99.0, int(count)) else "*"
+
+
+def p99_note(counts: list[int | None]) -> str:
+    """The footnote to a table where ``p99_mark`` marked a p99 (from ``counts`` queries), else ``""``."""
+    if not any(p99_mark(n) for n in counts):
+        return ""
+    return (f"\\* from fewer than {min_samples(99.0)} queries: a p99 there is the slowest of them, not a "
+            "percentile (run more queries).")
 
 
 def clients(n: int) -> str:
