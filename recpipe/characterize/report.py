@@ -59,6 +59,7 @@ def curve_figure(runs: list[tuple[str, dict[str, Any]]]) -> Any:
     values: list[float] = []
     bounds: dict[float, None] = {}
     few_label = failed_label = ""
+    counts: list[tuple[str, float, float, str]] = []  # each point's clients, placed once the axes are laid out
     for i, (label, doc) in enumerate(runs):
         sweep = doc["sections"].get("sweep") or {}
         points = sweep.get("points") or []
@@ -73,8 +74,7 @@ def curve_figure(runs: list[tuple[str, dict[str, Any]]]) -> Any:
         if sweep.get("p99_bound_ms"):
             bounds[float(sweep["p99_bound_ms"])] = None
         for p in points:
-            ax.annotate(f"{p['concurrency']}", (p["throughput"], p["p99_us"] / 1000), textcoords="offset points",
-                        xytext=(-6, 6), ha="right", fontsize=8, color=color)  # up-left: clear of the line
+            counts.append((f"{p['concurrency']}", p["throughput"], p["p99_us"] / 1000, color))
             if not supported(99.0, int(p.get("queries") or 0)):
                 ax.plot(p["throughput"], p["p99_us"] / 1000, "o", markersize=12, markerfacecolor="none",
                         markeredgecolor="black", label=few_label or "p99 from < 100 queries (not supported)")
@@ -96,7 +96,31 @@ def curve_figure(runs: list[tuple[str, dict[str, Any]]]) -> Any:
     ax.grid(alpha=0.3)
     ax.set_title("closed-loop concurrency sweep (numbers: clients)", fontsize=10)
     fig.suptitle(title(runs[0][1]) if len(runs) == 1 else "characterizations compared", fontsize=9)
+    _label_points(ax, counts)
     return fig
+
+
+#: a point's label moves up this many points at a time, at most ``_LABEL_STEPS`` times, while it would overlap
+#: one already placed (two runs' 1- and 2-client points sit close together)
+_LABEL_STEP = 9
+_LABEL_STEPS = 4
+
+
+def _label_points(ax: Any, labels: list[tuple[str, float, float, str]]) -> None:
+    """Write each (text, x, y, color) up-left of its point, clear of its line, and, where it would overlap a
+    label already written, higher, a step at a time (``_LABEL_STEP``), so that no two overlap."""
+    renderer = ax.figure.canvas.get_renderer()
+    ax.figure.canvas.draw()  # the constrained layout places the axes: the labels are measured where they go
+    placed: list[Any] = []
+    for text, x, y, color in labels:
+        for k in range(_LABEL_STEPS + 1):
+            note = ax.annotate(text, (x, y), textcoords="offset points", xytext=(-6, 6 + _LABEL_STEP * k), ha="right",
+                               fontsize=8, color=color)
+            box = note.get_window_extent(renderer)
+            if k == _LABEL_STEPS or not any(box.overlaps(b) for b in placed):
+                placed.append(box)
+                break
+            note.remove()
 
 
 def stages_figure(doc: dict[str, Any]) -> Any:

@@ -79,3 +79,23 @@ def test_a_sweep_says_how_it_counted_its_failed_queries_without_a_sequential_sec
                       ({}, "p50/p99 leave them out (a document from before failed queries were counted)")):
         text = report.failures({"sections": {"sweep": old, "sequential": seq}}, "sweep", [("1 client", old["points"][0])])
         assert said in text
+
+
+def test_the_client_counts_of_two_runs_on_the_curve_do_not_overlap() -> None:
+    """Two runs' 1- and 2-client points sit close together (both light load): their labels must not be
+    written over each other, as they were at one fixed offset from each point."""
+    import json
+    from pathlib import Path
+
+    old = json.loads((Path(__file__).parent.parent / "data" / "characterization_h200_03a97ac.json").read_text())
+    other = json.loads(json.dumps(old))
+    for p in other["sections"]["sweep"]["points"]:  # a run a shade faster: its points just right of and below
+        p.update(throughput=p["throughput"] * 1.03, p99_us=p["p99_us"] * 0.97)
+    fig = report.curve_figure([("a", old), ("b", other)])
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    labels = [t for t in fig.axes[0].texts if t.get_text().isdigit()]
+    assert sorted(t.get_text() for t in labels) == sorted(["1", "2", "4", "8", "16"] * 2)
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in labels]
+    overlapping = [(a, b) for i, (a, x) in enumerate(boxes) for b, y in boxes[i + 1:] if x.overlaps(y)]
+    assert overlapping == []
