@@ -12,6 +12,7 @@ Errors come back as recpipe's domain errors: ``UnknownUser`` (NOT_FOUND), ``BadR
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from types import TracebackType
 
@@ -58,6 +59,31 @@ class RecommendClient:
                           for t in reply.timings),
             model_version=reply.model_version,
         )
+
+    def connect(self, timeout: float | None = None) -> str | None:
+        """Wait until the channel connects, at most ``timeout`` seconds (default the client's): None once
+        connected, else why not ("connection failed after 0.01 s", "no answer within 10.00 s"). A refused
+        connection fails at once rather than retrying until the timeout, as querygen's check does."""
+        limit = timeout or self.timeout or 10.0
+        done = threading.Event()
+        seen: list[grpc.ChannelConnectivity] = []
+
+        def watch(state: grpc.ChannelConnectivity) -> None:
+            if state in (grpc.ChannelConnectivity.READY, grpc.ChannelConnectivity.TRANSIENT_FAILURE,
+                         grpc.ChannelConnectivity.SHUTDOWN):
+                seen.append(state)
+                done.set()
+
+        t0 = time.perf_counter()
+        self._channel.subscribe(watch, try_to_connect=True)
+        try:
+            done.wait(limit)
+        finally:
+            self._channel.unsubscribe(watch)
+        waited = time.perf_counter() - t0
+        if seen and seen[0] is grpc.ChannelConnectivity.READY:
+            return None
+        return f"connection failed after {waited:.2f} s" if seen else f"no answer within {waited:.2f} s"
 
     def info(self, timeout: float | None = None) -> StageInfo:
         """What the server at ``target`` says about itself (any recpipe server answers this)."""

@@ -29,6 +29,11 @@ def run(args: argparse.Namespace) -> int:
     from recpipe.client import RecommendClient
 
     with RecommendClient(args.target, timeout=args.timeout) as client:
+        # nothing listening there (a wrong --target, no `recpipe serve`): the user's mistake, exit 2 with
+        # one line, as querygen's; a gateway that answers UNAVAILABLE (a stage down) stays a failure (1)
+        why = client.connect()
+        if why is not None:
+            raise UsageError(f"cannot reach the gateway at {client.target}: {why}; is `recpipe serve` running there?")
         start = time.perf_counter_ns()
         rec = client.recommend(args.user_id, args.num_candidates, args.num_results)
         client_us = (time.perf_counter_ns() - start) // 1000

@@ -59,6 +59,21 @@ def test_recommend_refuses_what_its_request_cannot_carry(argv, message, capsys) 
     one_line_exit_2(capsys, ["recommend", "--target", "127.0.0.1:1", *argv], message)  # refused before connecting
 
 
+def test_recommend_where_nothing_serves_is_one_line_exit_2_as_querygen(capsys) -> None:
+    """A newcomer's first mistake: `recpipe recommend` before `recpipe serve`, or on the wrong port. Like
+    querygen's "cannot reach", it is the user's to fix: one line, exit 2, not a run failure (1)."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    message = one_line_exit_2(capsys, ["recommend", "--user-id", "1", "--target", f":{port}"])
+    assert message.startswith(f"recpipe: error: cannot reach the gateway at 127.0.0.1:{port}: connection failed after ")
+    assert message.endswith("; is `recpipe serve` running there?")
+    assert one_line_exit_2(capsys, ["querygen", "--target", f":{port}", "--queries", "1"]).startswith(
+        f"recpipe: error: cannot reach 127.0.0.1:{port}: connection failed after ")
+
+
 def test_an_output_where_no_file_can_be_created_is_refused_before_the_work(tmp_path, capsys) -> None:
     from recpipe.files import check_writable
 
