@@ -10,6 +10,7 @@ regenerates both. Progress goes to stderr, the table and the next steps to stdou
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -79,7 +80,7 @@ def _other_scale(data: Path, scale: float) -> str:
         made = float(load_manifest(data)["scale"])
     except (ArtifactMismatch, TypeError, ValueError):  # scale is a required key
         return ""  # training says what is wrong with it
-    return f", made at scale {made:g}, not the {scale:g} asked for," if made != scale else ""
+    return f", made at scale {made:g}, not the {scale:g} asked for" if made != scale else ""
 
 
 def _step(message: str) -> None:
@@ -141,17 +142,22 @@ WARMUP_S = 1.0
 def next_steps(workdir: Path, run_json: Path, same: str = "") -> str:
     """The commands to try after the demo, with this demo's paths filled in; ``same`` holds the demo's
     query-mix flags, so the suggested run is comparable with it in ``recpipe report``."""
-    w = workdir
+    from recpipe.querygen.slo import SloSearch  # its steps: the suggested search runs up to that many
+
     # the load test lives beside the package in a checkout; elsewhere, name it as the README does
     loadtest = Path(__file__).resolve().parents[2] / "loadtest"
     locust = loadtest if loadtest.is_dir() else Path("loadtest/")
+
+    def q(path: Path) -> str:  # pasted into a shell: a path with a space or a quote stays one word
+        return shlex.quote(str(path))
+
     return "\n".join([
         "next, try:",
-        f"  recpipe serve --models {w}/models --data {w}/data &       # the same stages, kept running: wait for "
-        "its table (~30 s) before the next commands",
+        f"  recpipe serve --models {q(workdir / 'models')} --data {q(workdir / 'data')} &       # the same stages, "
+        "kept running: wait for its table (~30 s) before the next commands",
         f"  recpipe querygen --target 127.0.0.1:50051 --queries 2000 --warmup 5{same} --out seq.json --plot seq/",
-        f"  recpipe report {run_json} seq.json --labels demo,seq --out report/   # side by side",
+        f"  recpipe report {q(run_json)} seq.json --labels demo,seq --out report/   # side by side",
         "  recpipe querygen --target 127.0.0.1:50051 --mode open --rate 10 --slo-p99-ms 50 --duration 20 "
-        "--out slo.json --plot slo/",
-        f"  locust -f {locust} --headless -u 8 -r 8 -t 30s --host 127.0.0.1:50051",
+        f"--out slo.json --plot slo/   # up to {SloSearch.max_steps} steps of 20 s each: a few minutes",
+        f"  locust -f {q(locust)} --headless -u 8 -r 8 -t 30s --host 127.0.0.1:50051",
     ])

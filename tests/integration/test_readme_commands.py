@@ -414,6 +414,27 @@ def test_every_readme_command_works_at_small_scale(
     assert done == {c for c, (how, _) in CASES.items() if how == RUN}
 
 
+def test_the_demos_next_steps_paste_into_a_shell_as_they_read(tmp_path: Path) -> None:
+    """The demo's "next, try" lines are meant to be pasted: a workdir (or checkout) whose path holds a
+    space or a quote stays one word in each, and every line is a README command with the demo's paths."""
+    from recpipe.commands.demo import next_steps
+    from recpipe.querygen.slo import SloSearch
+
+    workdir = tmp_path / "my demo's dir"
+    run_json = workdir / "run-20260101T000000Z.json"
+    text = next_steps(workdir, run_json)
+    lines = text.splitlines()
+    assert lines[0] == "next, try:"
+    words = [shlex.split(line, comments=True) for line in lines[1:]]
+    assert words[0][:5] == ["recpipe", "serve", "--models", str(workdir / "models"), "--data"]
+    assert words[0][5:] == [str(workdir / "data"), "&"]
+    assert words[2][:4] == ["recpipe", "report", str(run_json), "seq.json"]
+    assert words[4][:3] == ["locust", "-f", str(ROOT / "loadtest")]
+    # the two querygen lines are docs/measuring.md's commands, run above; the SLO search says how long it takes
+    assert CASES[" ".join(words[1])][0] == RUN and CASES[" ".join(words[3])][0] == RUN
+    assert f"# up to {SloSearch.max_steps} steps of 20 s each" in lines[4]
+
+
 def _serve_replicas(argv: list[str], cwd: Path) -> None:
     """``recpipe serve --replicas ranking=2,gateway=2`` in the clone: its summary lists both replicas of
     each, and Recommend calls over several connections to the one gateway address reach both gateway
