@@ -97,8 +97,12 @@ class RecommendClient:
     def _error(self, e: grpc.RpcError, waited_s: float) -> Exception:
         code = e.code()  # type: ignore[attr-defined]
         details = e.details() or code.name  # type: ignore[attr-defined]
-        if code == grpc.StatusCode.UNAVAILABLE and "unavailable at" not in details:
-            last = details.rpartition("last error: ")[2]  # gRPC's "failed to connect to all addresses; ..."
+        # gRPC's own "failed to connect to all addresses; ..." / "connections to all backends failing; last
+        # error: ...": nothing answered there. An UNAVAILABLE the gateway sent keeps its own words: a stage
+        # down ("ranking unavailable at ..." may quote such an error), still starting, stopping.
+        if code == grpc.StatusCode.UNAVAILABLE and "unavailable at" not in details and (
+                "last error: " in details or "failed to connect" in details.lower()):
+            last = details.rpartition("last error: ")[2]
             return error_for(code, f"cannot reach the gateway at {self.target} (gave up after {waited_s:.2f} s: "
                                    f"{last}); is `recpipe serve` running there?")
         return error_for(code, details)
