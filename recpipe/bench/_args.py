@@ -11,10 +11,11 @@ Number = int | float
 
 
 def require_dirs(*flags: tuple[str, str | Path]) -> None:
-    """``UsageError`` "--models PATH: no such directory" for the first (flag, path) that is not a directory."""
+    """``UsageError`` "--models PATH: no such directory" (or "not a directory", where a file stands there)
+    for the first (flag, path) that is not a directory."""
     for flag, path in flags:
         if not Path(path).is_dir():
-            raise UsageError(f"{flag} {path}: no such directory")
+            raise UsageError(f"{flag} {path}: {'not a directory' if Path(path).exists() else 'no such directory'}")
 
 
 def at_least(low: Number, *flags: tuple[str, Number]) -> None:

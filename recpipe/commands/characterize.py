@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from recpipe.bench._args import above, at_least
+from recpipe.bench._args import above, at_least, require_dirs
 from recpipe.config import DEFAULT_NUM_CANDIDATES, DEFAULT_NUM_RESULTS
 from recpipe.errors import ArtifactMismatch, UsageError
 from recpipe.serving.affinity import AFFINITY_HELP, affinity_arg
@@ -142,6 +142,7 @@ def _check_data_and_models(data: Path | None, models: Path | None) -> None:
     try:
         for flag, path, check in (("--data", data, load_manifest), ("--models", models, Repository.open)):
             if path is not None:
+                require_dirs((flag, path))  # as serve says it: no such directory, not a directory
                 if not (path / "manifest.json").is_file():
                     raise UsageError(f"{flag} {path}: no manifest.json there")
                 check(path)

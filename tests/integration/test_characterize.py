@@ -363,7 +363,8 @@ def test_gpu_busy_samples_average_and_the_sweep_reports_its_peak(monkeypatch: py
     (["--slo-p99-ms", "20,inf"], "--slo-p99-ms bounds must be numbers of ms > 0, got '20,inf'"),
     (["--sweep-p99-ms", "inf"], "--sweep-p99-ms must be a finite number > 0, got inf"),
     (["--budget-s", "inf"], "--budget-s must be a finite number > 0, got inf"),
-    (["--data", "nowhere"], "--data nowhere: no manifest.json there"),
+    (["--data", "nowhere"], "--data nowhere: no such directory"),  # as serve and the benches say it
+    (["--data", "E"], "E: no manifest.json there"),
     (["--scale", "2"], "--scale must be in (0, 1]"),
     (["--budget-s", "0", "--data", "D", "--models", "M"], "--budget-s must be a finite number > 0, got 0.0"),
     (["--generator-processes", "0"], "--generator-processes must be in 1..64"),
@@ -374,7 +375,8 @@ def test_bad_flags_exit_2_with_one_line_and_write_nothing(
     for name in ("D", "M"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "manifest.json").write_text("{}")
-    flags = [str(tmp_path / f) if f in ("D", "M") else f for f in flags]
+    (tmp_path / "E").mkdir()  # a directory, but no dataset's
+    flags = [str(tmp_path / f) if f in ("D", "M", "E") else f for f in flags]
     out = tmp_path / "out"
     assert main(["characterize", "--out", str(out), *flags]) == 2
     err = capsys.readouterr().err.strip()

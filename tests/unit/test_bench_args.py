@@ -14,8 +14,10 @@ from recpipe.errors import UsageError
 def test_require_dirs_names_the_first_missing_flag(tmp_path: Path) -> None:
     require_dirs(("--models", tmp_path))
     (tmp_path / "file").write_text("x")
-    with pytest.raises(UsageError, match=r"^--data .*file: no such directory$"):
+    with pytest.raises(UsageError, match=r"^--data .*file: not a directory$"):  # e.g. data/users.parquet
         require_dirs(("--models", tmp_path), ("--data", tmp_path / "file"), ("--x", tmp_path / "nope"))
+    with pytest.raises(UsageError, match=r"^--x .*nope: no such directory$"):
+        require_dirs(("--models", tmp_path), ("--x", tmp_path / "nope"), ("--data", tmp_path / "file"))
 
 
 @pytest.mark.parametrize("bench", ["chain", "features"])
