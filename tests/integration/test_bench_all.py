@@ -6,6 +6,7 @@ A new bench module must add its tiny-scale arguments to ``CASES`` (``test_every_
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -97,3 +98,19 @@ def test_bench_runs(name: str, device: str, small_models: Path, small_dataset: P
             assert "served, full item Gram" in out
             if "served bf16 (torch.compile)" in out:  # and the compiled segmented form's, in both tables
                 assert "served bf16 (torch.compile), full item Gram" in out and "\nbf16, full item Gram " in out
+
+
+def test_bench_ranking_says_a_broken_bound_in_its_table_alone(small_models: Path, small_dataset: Path,
+                                                             monkeypatch: pytest.MonkeyPatch,
+                                                             caplog: pytest.LogCaptureFixture,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """The bench loads every precision on purpose and its table says which break the bound; the warning a
+    stage logs when the precision asked of it breaks the bound would say it again, as an alarm."""
+    from recpipe.ranking import probe
+
+    monkeypatch.setattr(probe, "MAX_ABS_DP", -1.0)  # every precision but fp32 breaks it
+    with caplog.at_level(logging.WARNING):
+        assert main(["bench", "ranking", "--models", str(small_models), "--data", str(small_dataset), "--batch", "50",
+                     "--calls", "3", "--warmup", "1"]) == 0
+    assert "BREAKS" in capsys.readouterr().out
+    assert not [r.getMessage() for r in caplog.records if "--ranking-precision" in r.getMessage()]
