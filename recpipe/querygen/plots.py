@@ -262,7 +262,7 @@ def latency_cdf_figure(runs: Labelled) -> Any:
         if failed:
             name += f" ({failed:,} failed, at their deadline or later)"
         if cut is not None:
-            name += f" (cut from p{cut:g}: {_count(doc) + failed:,} samples)"
+            name += f" (no p{cut:g}: {_count(doc) + failed:,} queries, it needs {min_samples(cut):,})"
         ax.plot([v for _, v in points], [p for p, _ in points], marker=".", label=name)
         pts = [(1 / (1 - p / 100), v) for p, v in points if p > 0]
         tail.plot([x for x, _ in pts], [y for _, y in pts], marker=".", label=name)

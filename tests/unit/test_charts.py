@@ -82,7 +82,7 @@ def test_cdf_cuts_what_the_sample_cannot_support(seq: dict[str, Any]) -> None:
     drawn = [p for p, _ in plots.supported_cdf(seq)[0]]
     assert max(drawn) == 99.5 and 99.9 not in drawn
     legend = [t.get_text() for t in cdf.get_legend().get_texts()]
-    assert legend == ["end to end (cut from p99.9: 300 samples)"]
+    assert legend == ["end to end (no p99.9: 300 queries, it needs 1,000)"]
 
 
 def test_cdf_legends_sit_under_their_axes(seq: dict[str, Any]) -> None:
