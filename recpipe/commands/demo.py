@@ -130,7 +130,7 @@ def _serve_and_measure(args: argparse.Namespace, data: Path, models: Path) -> in
     print(f"\nwrote {run_json} and {len(drawn)} charts in {charts}/ ({', '.join(p.name for p in drawn)})")
     same = "".join(f" --{flag} {value}" for flag, value in (("num-candidates", args.num_candidates),
                                                              ("num-results", args.num_results)) if value)
-    print(next_steps(args.workdir, run_json, same))
+    print(next_steps(args.workdir, run_json, same, serving_flags(args)))
     sys.stdout.flush()
     return 0 if doc["ok"] else 1
 
@@ -139,9 +139,19 @@ def _serve_and_measure(args: argparse.Namespace, data: Path, models: Path) -> in
 WARMUP_S = 1.0
 
 
-def next_steps(workdir: Path, run_json: Path, same: str = "") -> str:
+def serving_flags(args: argparse.Namespace) -> str:
+    """The demo's serving flags the user set, as ``recpipe serve`` takes them (each the same flag there):
+    the suggested serve runs the chain the demo measured."""
+    given = (("--device", args.device if args.device != "auto" else None),
+             ("--threads", args.threads), ("--replicas", args.replicas),
+             ("--affinity", args.affinity if args.affinity != "auto" else None))
+    return "".join(f" {flag} {shlex.quote(str(value))}" for flag, value in given if value is not None)
+
+
+def next_steps(workdir: Path, run_json: Path, same: str = "", serving: str = "") -> str:
     """The commands to try after the demo, with this demo's paths filled in; ``same`` holds the demo's
-    query-mix flags, so the suggested run is comparable with it in ``recpipe report``."""
+    query-mix flags and ``serving`` its serving flags (``serving_flags``), so the suggested run is of the
+    same chain and comparable with it in ``recpipe report``."""
     from recpipe.querygen.slo import SloSearch  # its steps: the suggested search runs up to that many
 
     # the load test lives beside the package in a checkout; elsewhere, name it as the README does
@@ -153,7 +163,7 @@ def next_steps(workdir: Path, run_json: Path, same: str = "") -> str:
 
     return "\n".join([
         "next, try:",
-        f"  recpipe serve --models {q(workdir / 'models')} --data {q(workdir / 'data')} &       # the same stages, "
+        f"  recpipe serve --models {q(workdir / 'models')} --data {q(workdir / 'data')}{serving} &       # the same stages, "
         "kept running: wait for its table (~30 s) before the next commands",
         f"  recpipe querygen --target 127.0.0.1:50051 --queries 2000 --warmup 5{same} --out seq.json --plot seq/",
         f"  recpipe report {q(run_json)} seq.json --labels demo,seq --out report/   # side by side",

@@ -435,6 +435,24 @@ def test_the_demos_next_steps_paste_into_a_shell_as_they_read(tmp_path: Path) ->
     assert f"# up to {SloSearch.max_steps} steps of 20 s each" in lines[4]
 
 
+def test_the_demos_next_serve_runs_the_chain_the_demo_measured(tmp_path: Path) -> None:
+    """The serving flags given to the demo are on its suggested `recpipe serve`, as serve takes them, so the
+    suggested querygen run and `recpipe report` compare the same chain; the defaults add nothing."""
+    from recpipe.cli import build_parser
+    from recpipe.commands.demo import next_steps, serving_flags
+
+    parser = build_parser()
+    plain = parser.parse_args(["demo"])
+    assert serving_flags(plain) == ""
+    args = parser.parse_args(["demo", "--threads", "2", "--replicas", "ranking=2", "--affinity", "off",
+                              "--device", "cpu"])
+    line = next_steps(tmp_path, tmp_path / "run.json", "", serving_flags(args)).splitlines()[1]
+    serve = shlex.split(line, comments=True)[:-1]  # without the trailing &
+    assert serve[6:] == ["--device", "cpu", "--threads", "2", "--replicas", "ranking=2", "--affinity", "off"]
+    served = parser.parse_args(serve[1:])  # serve takes each as the demo did
+    assert (served.device, served.threads, served.replicas, served.affinity) == ("cpu", 2, "ranking=2", "off")
+
+
 def _serve_replicas(argv: list[str], cwd: Path) -> None:
     """``recpipe serve --replicas ranking=2,gateway=2`` in the clone: its summary lists both replicas of
     each, and Recommend calls over several connections to the one gateway address reach both gateway
