@@ -18,6 +18,12 @@ class BadRequest(RecpipeError):
     """A request that can never succeed as sent (gRPC INVALID_ARGUMENT)."""
 
 
+class MalformedRequest(BadRequest):
+    """A message of a stream whose bytes are not the method's message (gRPC INVALID_ARGUMENT "malformed
+    request"). The interceptor counts it where it finds it, in the request iterator; raised from there, it
+    ends the stream once the handler has written what it was writing (``recpipe.serving.interceptor``)."""
+
+
 class UnknownUser(RecpipeError):
     """The user id is not in the dataset (gRPC NOT_FOUND)."""
 

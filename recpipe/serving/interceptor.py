@@ -16,7 +16,7 @@ traceback; a filter on its logger counts it as a cancelled call instead (``_Unse
 Every method, streaming ones included (health Watch, reflection), is registered with a tolerant
 request deserializer (``recpipe.serving.malformed``): bytes that are not the method's message are
 answered INVALID_ARGUMENT "malformed request", counted under that code, and logged as counts the same
-way. Streaming handlers are otherwise passed through untouched, but for counting each message received as
+way (on a stream, once the handler has written what it was writing: ``_refuse_malformed_stream``). Streaming handlers are otherwise passed through untouched, but for counting each message received as
 one request (the gateway's hops send one batch call per message of a stream).
 """
 
@@ -33,7 +33,7 @@ from typing import Any, NoReturn
 import grpc
 from grpc import aio
 
-from recpipe.errors import RecpipeError, StageUnavailable, clip
+from recpipe.errors import MalformedRequest, RecpipeError, StageUnavailable, clip
 from recpipe.serving import malformed
 from recpipe.serving.metrics import ServerMetrics
 from recpipe.serving.outcomes import Outcome
@@ -136,11 +136,13 @@ class ServingInterceptor(aio.ServerInterceptor):
             request_deserializer=deserialize, response_serializer=serialize,
         )
 
-    async def _answer_malformed(self, name: str, request: malformed.Malformed, context: aio.ServicerContext) -> None:
-        m = self._metrics.method(name)
-        m.requests.inc()
+    def _count_malformed(self, name: str, request: malformed.Malformed) -> None:
+        self._metrics.method(name).requests.inc()
         self._metrics.error(name, Outcome.MALFORMED.code)
         self._metrics.outcomes.record(Outcome.MALFORMED, name, request.describe())
+
+    async def _answer_malformed(self, name: str, request: malformed.Malformed, context: aio.ServicerContext) -> None:
+        self._count_malformed(name, request)
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, malformed.MESSAGE)
 
     def _refuse_malformed(self, name: str, behavior: Behavior) -> Behavior:
@@ -176,28 +178,41 @@ class ServingInterceptor(aio.ServerInterceptor):
         return unary
 
     def _refuse_malformed_stream(self, name: str, behavior: Behavior) -> Behavior:
-        """A streaming-request handler whose request iterator aborts at the first ``Malformed`` message and
-        counts each message as one request (a hop's stream carries one batch call per message)."""
-        answer = self._answer_malformed
+        """A streaming-request handler whose request iterator raises ``MalformedRequest`` at the first
+        ``Malformed`` message (counted there) and counts each message as one request (a hop's stream carries
+        one batch call per message). The iterator does not end the call itself: it is read beside the
+        handler's writes (a stage's stream reads while it answers), and a status sent while a write is in
+        flight is refused by gRPC's core, which leaves the call open with no status until its caller's
+        deadline (a hop's stream has none). The handler ends it as it ends a stream over the limits, once
+        what it was answering is written (``CoreStage.handle_stream``); a handler that lets the error out
+        has it answered here, after its last write."""
+        count = self._count_malformed
         requests_received = self._metrics.method(name).requests
 
-        async def checked(requests: AsyncIterator[Any], context: aio.ServicerContext) -> AsyncIterator[Any]:
+        async def checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
             async for request in requests:
                 if isinstance(request, malformed.Malformed):
-                    await answer(name, request, context)
+                    count(name, request)
+                    raise MalformedRequest(malformed.MESSAGE)
                 requests_received.inc()
                 yield request
 
         if inspect.isasyncgenfunction(behavior):
 
             async def stream(requests: AsyncIterator[Any], context: aio.ServicerContext) -> AsyncIterator[Any]:
-                async for reply in behavior(checked(requests, context), context):
-                    yield reply
+                try:
+                    async for reply in behavior(checked(requests), context):
+                        yield reply
+                except MalformedRequest as e:
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
 
             return stream
 
         async def unary(requests: AsyncIterator[Any], context: aio.ServicerContext) -> Any:
-            return await behavior(checked(requests, context), context)
+            try:
+                return await behavior(checked(requests), context)
+            except MalformedRequest as e:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
 
         return unary
 

@@ -16,7 +16,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from recpipe.config import MAX_BATCH_ENTRIES, MAX_BATCH_ROWS
-from recpipe.errors import BadRequest, DeadlineExceeded, RecpipeError, StageUnavailable, clip
+from recpipe.errors import (
+    BadRequest,
+    DeadlineExceeded,
+    MalformedRequest,
+    RecpipeError,
+    StageUnavailable,
+    clip,
+)
 from recpipe.serving import codec, nvtx
 from recpipe.serving import threads as thread_settings
 from recpipe.serving.batcher import BatchConfig, Batched, Batcher
@@ -214,7 +221,8 @@ overlap; a batcher makes one call at a time.
         are handled side by side, as separate batch calls would be. An error of a whole message (the
         stage still loading) is each of its entries' error. Ends when the caller ends its side and
         every answer is written; a caller that goes away cancels what is left. A message with more
-        entries than ``MAX_BATCH_ENTRIES`` ends the stream with INVALID_ARGUMENT once the messages before
+        entries than ``MAX_BATCH_ENTRIES``, or one that does not parse (``MalformedRequest``, from the
+        interceptor's request iterator), ends the stream with INVALID_ARGUMENT once the messages before
         it are answered (answering each of its entries would be the very work the limit bounds); one over
         ``MAX_BATCH_ROWS`` is each entry's error."""
         write = asyncio.Lock()
@@ -254,12 +262,12 @@ overlap; a batcher makes one call at a time.
             if reading.done():
                 try:
                     reading.result()  # the caller's side failed: so does the stream
-                except BadRequest as e:  # a message over the limits: what came before it is answered first
+                except BadRequest as e:  # a message over the limits, or malformed: what came before it is answered first
                     refused = e
             while handling:
                 await asyncio.gather(*handling)
             if refused is not None:
-                if self.metrics is not None:
+                if self.metrics is not None and not isinstance(refused, MalformedRequest):  # the interceptor counted it
                     self.metrics.error(self._rpc_name(method, "Stream"), code_for(refused).name)
                 await context.abort(code_for(refused), clip(str(refused), codec.MAX_ENTRY_DETAILS))
         finally:
