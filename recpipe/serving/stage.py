@@ -289,13 +289,17 @@ overlap; a batcher makes one call at a time.
                      entry: Callable[..., Any], start: int, rpc: str) -> list[Any]:
         """``handle_batch``'s work, with the call's ``deadline`` (None: none) given; its entries' errors
         are counted under ``<method><rpc>``. Every entry is decoded first, so that a message over
-        ``MAX_BATCH_ROWS`` is refused before any compute; an entry whose deadline passes while its batch
+        ``MAX_BATCH_ROWS``, or with more ``timeout_us`` than entries, is refused before any compute (a batch
+        call whole; on a stream, as each entry's error); an entry whose deadline passes while its batch
         computes is answered DEADLINE_EXCEEDED, as ``timeout_us`` promises, not with an answer its
         caller has stopped waiting for."""
         core = self._ready()
         now = time.monotonic()
-        timeouts = list(request.timeout_us)
         answers: list[Any] = [None] * len(request.entries)
+        if len(request.timeout_us) > len(answers):  # whose deadlines are they? a caller's misalignment: not guessed at
+            raise BadRequest(f"{self.name}: {len(request.timeout_us)} timeout_us for {len(answers)} entries (at most "
+                             "one per entry; fewer: the rest have the call's deadline)")
+        timeouts = list(request.timeout_us)
         deadlines: list[float | None] = []
         for i in range(len(answers)):
             left = timeouts[i] if i < len(timeouts) else 0

@@ -159,3 +159,25 @@ def test_calls_that_pile_up_while_the_loop_is_busy_reach_the_stage_not_cancelled
         servers.stop(server)
     assert "CANCELLED" not in codes, codes
     assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED"} and codes["OK"] > 0, codes
+
+
+def test_more_timeouts_than_entries_is_refused_not_ignored(features) -> None:
+    """Which entries would ``timeout_us`` [1, 0, 30 s] with two entries time? The caller's misalignment:
+    refused before any work, the batch call whole, on a stream each entry; the stream goes on."""
+    stub, health = features
+    request = _users(2)
+    request.timeout_us.extend([1_000, 0, 30_000_000])
+    with pytest.raises(grpc.RpcError) as info:
+        stub.AugmentUserBatch(request, timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details() == "features: 3 timeout_us for 2 entries (at most one per entry; fewer: the rest " \
+                                   "have the call's deadline)"
+    request.sequence = 4
+    over, ok = list(stub.AugmentUserStream(iter([request, _users(2)]), timeout=30))
+    assert over.sequence == 4 and [e.error.code for e in over.entries] == [INVALID, INVALID]
+    assert [e.ok.user_id for e in ok.entries] == [0, 1]
+    # as many as the entries, or fewer, is the contract: the rest have the call's deadline
+    fewer = _users(3)
+    fewer.timeout_us.extend([30_000_000])
+    assert [e.WhichOneof("result") for e in stub.AugmentUserBatch(fewer, timeout=30).entries] == ["ok"] * 3
+    assert _serving(health)
