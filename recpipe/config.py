@@ -47,5 +47,12 @@ MAX_BATCH_ENTRIES: Final[int] = 256
 #: would be 123 MB (at the default 32, 61 MB: 92% of the limit).
 MAX_BATCH_ROWS: Final[int] = 100_000
 
+#: A stream's messages a stage answers at once at most (``<Method>Stream``): it reads the next only once one
+#: of them is written, so a caller that sends without reading its answers is held back by HTTP/2's flow
+#: control instead of the stage computing and buffering every message it sends (one such caller grew a
+#: feature stage by 4 GB in 40 s). The gateway keeps ``--hop-max-in-flight`` messages out per stream
+#: (default one per replica); one more than this waits to be read, its entries' deadlines running.
+MAX_STREAM_MESSAGES: Final[int] = 32
+
 DEFAULT_DATA_DIR: Final[str] = "data"
 DEFAULT_MODELS_DIR: Final[str] = "models"

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from recpipe.config import MAX_BATCH_ENTRIES, MAX_BATCH_ROWS
+from recpipe.config import MAX_BATCH_ENTRIES, MAX_BATCH_ROWS, MAX_STREAM_MESSAGES
 from recpipe.errors import (
     BadRequest,
     DeadlineExceeded,
@@ -218,7 +218,9 @@ overlap; a batcher makes one call at a time.
         """A stream call: each message of ``requests`` a batch call (``handle_batch``, its entries'
         deadlines their own ``timeout_us``: the stream has none), answered as soon as it is done by a
         ``response(entries=..., sequence=...)`` message with the request's ``sequence``; the messages
-        are handled side by side, as separate batch calls would be. An error of a whole message (the
+        are handled side by side, as separate batch calls would be, ``MAX_STREAM_MESSAGES`` at most: the
+        next is read once one of them is written (a caller that does not read its answers is held back by
+        flow control, not buffered for). An error of a whole message (the
         stage still loading) is each of its entries' error. Ends when the caller ends its side and
         every answer is written; a caller that goes away cancels what is left. A message with more
         entries than ``MAX_BATCH_ENTRIES``, or one that does not parse (``MalformedRequest``, from the
@@ -240,12 +242,19 @@ overlap; a batcher makes one call at a time.
             async with write:
                 await context.write(reply)
 
+        slots = asyncio.Semaphore(MAX_STREAM_MESSAGES)
+
+        def done(task: asyncio.Task[None]) -> None:
+            handling.discard(task)
+            slots.release()
+
         async def read() -> None:
             async for request in requests:
                 check_batch(len(request.entries), 0, self.name)  # else the stream ends, below
+                await slots.acquire()  # the next message once one of those being answered is written
                 task = asyncio.create_task(answer(request))
                 handling.add(task)
-                task.add_done_callback(handling.discard)
+                task.add_done_callback(done)
 
         if self._draining is None:
             self._draining = asyncio.Event()

@@ -181,3 +181,46 @@ def test_more_timeouts_than_entries_is_refused_not_ignored(features) -> None:
     fewer.timeout_us.extend([30_000_000])
     assert [e.WhichOneof("result") for e in stub.AugmentUserBatch(fewer, timeout=30).entries] == ["ok"] * 3
     assert _serving(health)
+
+
+def test_a_stream_whose_caller_does_not_read_its_answers_is_held_back_not_buffered(servers, world) -> None:
+    """A caller that sends 400 messages of 256 entries and reads nothing: the stage answers
+    ``MAX_STREAM_MESSAGES`` of them (and what flow control lets through), then stops reading, instead
+    of computing and buffering all 102,400 answers (one such caller grew a feature stage by 4 GB)."""
+    import time
+
+    from recpipe.config import MAX_STREAM_MESSAGES
+
+    core = ToyFeatureCore(world)
+    computed = [0]
+    user_features = core.user_features
+
+    def counting(query):  # type: ignore[no-untyped-def]
+        computed[0] += 1
+        return user_features(query)
+
+    core.user_features = counting  # type: ignore[method-assign]
+    server = servers.start(FeatureStage(lambda: core))
+    try:
+        with grpc.insecure_channel(server.address) as channel:
+            stub = features_pb2_grpc.FeatureServiceStub(channel)
+
+            def messages():  # type: ignore[no-untyped-def]
+                for sequence in range(400):
+                    request = _users(MAX_BATCH_ENTRIES)
+                    request.sequence = sequence
+                    yield request
+
+            call = stub.AugmentUserStream(messages(), timeout=60)  # never read
+            time.sleep(2.5)
+            held = computed[0]
+            time.sleep(0.5)
+            still = computed[0]
+            call.cancel()
+            # held back: no more computed once the windows are full (HTTP/2's hold a few MB of answers
+            # besides the messages being answered), far from all of them
+            assert still == held and held <= (MAX_STREAM_MESSAGES + 96) * MAX_BATCH_ENTRIES, (held, still)
+            answers = list(stub.AugmentUserStream(iter([_users(3)]), timeout=30))
+            assert [e.ok.user_id for e in answers[0].entries] == [0, 1, 2]
+    finally:
+        servers.stop(server)
