@@ -178,39 +178,41 @@ class ServingInterceptor(aio.ServerInterceptor):
         return unary
 
     def _refuse_malformed_stream(self, name: str, behavior: Behavior) -> Behavior:
-        """A streaming-request handler whose request iterator raises ``MalformedRequest`` at the first
-        ``Malformed`` message (counted there) and counts each message as one request (a hop's stream carries
-        one batch call per message). The iterator does not end the call itself: it is read beside the
-        handler's writes (a stage's stream reads while it answers), and a status sent while a write is in
-        flight is refused by gRPC's core, which leaves the call open with no status until its caller's
-        deadline (a hop's stream has none). The handler ends it as it ends a stream over the limits, once
-        what it was answering is written (``CoreStage.handle_stream``); a handler that lets the error out
-        has it answered here, after its last write."""
+        """A streaming-request handler whose request iterator stops at the first ``Malformed`` message and
+        counts each message as one request (a hop's stream carries one batch call per message).
+
+        A handler that answers by yielding (reflection's) writes in the task that reads, so its iterator
+        aborts the call there. One that writes with ``context.write`` may read beside its writes (a stage's
+        stream answers each message in a task of its own), and a status sent while a write is in flight is
+        refused by gRPC's core, which leaves the call open with no status until its caller's deadline (a
+        hop's stream has none): its iterator raises ``MalformedRequest`` instead, which the handler ends
+        the stream with once what it was answering is written (``CoreStage.handle_stream``), or lets out
+        to be answered here, after its last write."""
         count = self._count_malformed
         requests_received = self._metrics.method(name).requests
+        yields = inspect.isasyncgenfunction(behavior)
 
-        async def checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        async def checked(requests: AsyncIterator[Any], context: aio.ServicerContext) -> AsyncIterator[Any]:
             async for request in requests:
                 if isinstance(request, malformed.Malformed):
                     count(name, request)
+                    if yields:
+                        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, malformed.MESSAGE)
                     raise MalformedRequest(malformed.MESSAGE)
                 requests_received.inc()
                 yield request
 
-        if inspect.isasyncgenfunction(behavior):
+        if yields:
 
             async def stream(requests: AsyncIterator[Any], context: aio.ServicerContext) -> AsyncIterator[Any]:
-                try:
-                    async for reply in behavior(checked(requests), context):
-                        yield reply
-                except MalformedRequest as e:
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+                async for reply in behavior(checked(requests, context), context):
+                    yield reply
 
             return stream
 
         async def unary(requests: AsyncIterator[Any], context: aio.ServicerContext) -> Any:
             try:
-                return await behavior(checked(requests), context)
+                return await behavior(checked(requests, context), context)
             except MalformedRequest as e:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
 
