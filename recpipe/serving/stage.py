@@ -28,6 +28,7 @@ from recpipe.serving import codec, nvtx
 from recpipe.serving import threads as thread_settings
 from recpipe.serving.batcher import BatchConfig, Batched, Batcher
 from recpipe.serving.inline import COMPUTE_CPU_KEY, CallCost, start_thread
+from recpipe.serving.outcomes import Outcome
 from recpipe.serving.status import code_for
 
 if TYPE_CHECKING:
@@ -240,7 +241,16 @@ overlap; a batcher makes one call at a time.
                 entries = [entry(error=codec.entry_error(failed))] * len(request.entries)
             reply = response(entries=entries, sequence=request.sequence)
             async with write:
-                await context.write(reply)
+                try:
+                    await context.write(reply)
+                except Exception as e:
+                    if type(e).__name__ != "ExecuteBatchError":
+                        raise
+                    # gRPC's core refused the write: the call had ended under it (its caller cancelled it or
+                    # went away; the handler is cancelled with it, a moment later). Counted as the interceptor
+                    # counts an answer it could not send (``_UnsentAnswers``), not an "exception was never
+                    # retrieved" traceback per stream
+                    self._count_unsent(method, "Stream")
 
         slots = asyncio.Semaphore(MAX_STREAM_MESSAGES)
 
@@ -359,6 +369,15 @@ overlap; a batcher makes one call at a time.
         name = self._rpc_name(method, rpc)
         for error in errors:
             self.metrics.entry_failed(name, code_for(error).name, clip(str(error), codec.MAX_ENTRY_DETAILS))
+
+    def _count_unsent(self, method: Method[C, Any, Any], rpc: str) -> None:
+        """An answer of ``method``'s ``rpc`` that could not be sent, its call over: counted and logged as
+        counts, as a call its caller cancelled (``ServingInterceptor.unsent``)."""
+        if self.metrics is None:
+            return
+        name = self._rpc_name(method, rpc)
+        self.metrics.error(name, Outcome.CANCELLED.code)
+        self.metrics.outcomes.record(Outcome.CANCELLED, name, "its answer could not be sent: the call had ended")
 
     def _entry_error(self, method: Method[C, Any, Any], error: BaseException) -> BaseException:
         """``error`` as an entry reports it: a domain error as it is; anything else is logged with its
