@@ -24,9 +24,16 @@ from recpipe.v1 import recommend_pb2, recommend_pb2_grpc
 SERVICE_NAME = recommend_pb2.DESCRIPTOR.services_by_name["RecommendService"].full_name
 
 
+#: The largest request the gateway reads. A RecommendRequest is three varints (33 bytes at most), and the
+#: other services every server hosts take as little; the chain's 64 MiB let a client park 64 MiB of unknown
+#: fields per call in the gateway (8 such calls at once: 89 MB -> 1.15 GB) and be answered OK.
+MAX_REQUEST_BYTES = 64 * 1024
+
+
 class GatewayStage(Stage):
     name = NAME
     service_names = (SERVICE_NAME,)
+    max_request_bytes = MAX_REQUEST_BYTES
 
     def __init__(self, features: str, retrieval: str, ranking: str, options: GatewayOptions | None = None) -> None:
         """The gateway over the stages at these gRPC targets (``UPSTREAM``, in that order)."""

@@ -93,6 +93,9 @@ def build_server(
     options = [*SERVER_OPTIONS, *age.options()]
     if reuse_port:
         options = [("grpc.so_reuseport", 1) if key == "grpc.so_reuseport" else (key, value) for key, value in options]
+    # a request over the stage's own bound is refused RESOURCE_EXHAUSTED by gRPC before it is read whole
+    options = [("grpc.max_receive_message_length", stage.max_request_bytes)
+               if key == "grpc.max_receive_message_length" else (key, value) for key, value in options]
     server = aio.server(interceptors=[interceptor or ServingInterceptor(metrics)], options=options)
     stage.add_to_server(server)
     stage.metrics = metrics  # a batch or stream entry's error is counted under its method's (``CoreStage``)

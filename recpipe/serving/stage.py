@@ -27,6 +27,7 @@ from recpipe.errors import (
 from recpipe.serving import codec, nvtx
 from recpipe.serving import threads as thread_settings
 from recpipe.serving.batcher import BatchConfig, Batched, Batcher
+from recpipe.serving.channels import MAX_MESSAGE_BYTES
 from recpipe.serving.inline import COMPUTE_CPU_KEY, CallCost, start_thread
 from recpipe.serving.outcomes import Outcome
 from recpipe.serving.status import code_for
@@ -68,6 +69,9 @@ class Stage(abc.ABC):
     service_names: tuple[str, ...]
     #: its server's metrics (``build_server`` sets them), where a batch entry's error is counted
     metrics: ServerMetrics | None = None
+    #: the largest request message its server reads; a larger one is refused RESOURCE_EXHAUSTED by gRPC
+    #: (the chain's limit, which a stage's batch and stream messages need; the gateway's requests are tiny)
+    max_request_bytes: int = MAX_MESSAGE_BYTES
 
     @abc.abstractmethod
     def add_to_server(self, server: aio.Server) -> None: ...

@@ -168,6 +168,35 @@ def test_echoed_client_input_is_bounded(serving_chain, bad):
         assert "(200000 chars)" in details or "(500000 dims)" in details, details
 
 
+def test_an_oversized_recommend_is_refused_resource_exhausted_by_the_gateway(serving_chain):
+    """A RecommendRequest is 33 bytes at most: one carrying 1 MiB of unknown fields is refused before the
+    gateway reads it whole (it took 64 MiB ones, eight at once growing it by a gigabyte, and answered OK),
+    while the stages still take the chain's large batch messages."""
+    from recpipe.gateway.servicer import MAX_REQUEST_BYTES
+
+    valid = recommend_pb2.RecommendRequest(user_id=2, num_candidates=50, num_results=5).SerializeToString()
+    padding = b"\0" * (1 << 20)
+    unknown = b"\x9a\x06" + bytes([0x80, 0x80, 0x40])  # field 99, length-delimited, 1 MiB
+    path = "/recpipe.v1.RecommendService/Recommend"
+    with grpc.insecure_channel(serving_chain.gateway.address) as channel:
+        with pytest.raises(grpc.RpcError) as info:
+            channel.unary_unary(path)(valid + unknown + padding, timeout=10)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, info.value.details()
+        assert len(info.value.details()) < 200
+        # a request under the bound is read and answered, its unknown field ignored
+        small = b"\x9a\x06" + bytes([0x80, 0x40]) + b"\0" * 8192  # 8 KiB
+        assert len(valid + small) < MAX_REQUEST_BYTES
+        reply = recommend_pb2.RecommendResponse.FromString(channel.unary_unary(path)(valid + small, timeout=10))
+        assert len(reply.item_ids) == 5
+    # a stage's own requests keep the chain's bound: 2 MiB of item ids in one call
+    with grpc.insecure_channel(serving_chain.features.address) as channel:
+        ids = codec.encode(np.arange(1 << 18, dtype=np.int64) % 8)
+        with pytest.raises(grpc.RpcError) as info:  # over 10,000 ids: the contract's refusal, not the size's
+            features_pb2_grpc.FeatureServiceStub(channel).AugmentItems(
+                features_pb2.AugmentItemsRequest(user_id=2, item_ids=ids), timeout=10)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
+
+
 def test_extreme_item_features_are_out_of_range_not_nan(serving_chain):
     user, items = _user(serving_chain)
     dense = codec.decode(items.dense, "item_dense", "float32")
