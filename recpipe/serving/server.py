@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import threading
 import time
@@ -223,6 +224,14 @@ class StageServer:
         self.metrics.close()
 
 
+async def _collect_garbage() -> None:
+    """Collect unreachable objects on this loop, then let their callbacks run. A grpc.aio call or channel
+    collected after its loop has closed has gRPC's poller schedule its last events on that closed loop:
+    "Event loop is closed", logged as an error by whichever loop runs the poller then."""
+    gc.collect()
+    await asyncio.sleep(0)
+
+
 class ServerThread:
     """An asyncio loop in a daemon thread hosting any number of ``StageServer``s."""
 
@@ -271,6 +280,7 @@ class ServerThread:
             return
         for server in list(reversed(self.servers)):
             self.stop(server, grace)
+        self.run(_collect_garbage())  # gRPC objects of this loop finalized while it runs, not on a later one
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=10)
         self.loop.close()
