@@ -33,8 +33,9 @@ def check_writable(path: str | Path, force: bool) -> Path:
 
 
 def _file_target(path: str | Path, force: bool) -> Path:
-    """``path`` as a file to write: not a directory, not there unless ``force``, in a directory that is."""
-    p = Path(path)
+    """``path`` as a file to write: not a directory, not there unless ``force``, in a directory that is.
+    A symlink is followed (``link_target``): the file it names is the one written, and the link stays."""
+    p = link_target(path)
     if p.is_dir():
         raise UsageError(f"{p} is a directory; give a file name")
     if p.exists() and not force:
@@ -98,18 +99,20 @@ def write_files(files: Mapping[Path, bytes | str | Writer], force: bool) -> list
     failure, Ctrl-C included, the temporary files are removed and, without ``force``, the targets already
     renamed too: a report's charts left without its report.md would make the rerun refuse them for want
     of --force."""
-    for path in files:
-        check_writable(path, force)
+    targets = {path: check_writable(path, force) for path in files}  # a symlink's target, not the link
+    if len(set(targets.values())) < len(targets):
+        raise UsageError(f"two of {', '.join(map(str, files))} name the same file (through a symlink)")
     temps: dict[Path, Path] = {}
     placed: list[Path] = []
     try:
         for path, data in files.items():
-            temps[path] = path.with_name(f".{path.name}.{secrets.token_hex(4)}.part")
-            write_atomic(temps[path], data, force=False)
+            target = targets[path]
+            temps[target] = target.with_name(f".{target.name}.{secrets.token_hex(4)}.part")
+            write_atomic(temps[target], data, force=False)
         termination.check()  # asked to stop while drawing: commit nothing
-        for path, tmp in temps.items():
-            os.replace(tmp, path)
-            placed.append(path)
+        for target, tmp in temps.items():
+            os.replace(tmp, target)
+            placed.append(target)
     except BaseException:
         for tmp in temps.values():
             tmp.unlink(missing_ok=True)
@@ -117,7 +120,7 @@ def write_files(files: Mapping[Path, bytes | str | Writer], force: bool) -> list
             for path in placed:
                 path.unlink(missing_ok=True)
         raise
-    for directory in {p.parent for p in files}:  # the renames survive a crash
+    for directory in {p.parent for p in targets.values()}:  # the renames survive a crash
         _fsync_path(directory)
     return list(files)
 
@@ -154,11 +157,17 @@ def _fsync_path(path: Path) -> None:
 
 
 def link_target(out: str | Path) -> Path:
-    """``out``, or where it points when it is a symlink (``models -> /disk/models``): the directory to
-    build beside and replace, so that the user's link stays and the directory it names is the new one
-    (renaming over the link would delete the link and leave its target stale)."""
+    """``out``, or where it points when it is a symlink (``models -> /disk/models``, ``latest.json ->
+    run-7.json``): the directory or file to build beside and replace, so that the user's link stays and
+    what it names is the new one (renaming over the link would delete the link and leave its target
+    stale; a dangling link names the path to create). A loop of links is a ``UsageError``."""
     out = Path(out)
-    return out.resolve() if out.is_symlink() else out
+    if not out.is_symlink():
+        return out
+    try:
+        return out.resolve()
+    except (RuntimeError, OSError) as e:  # a loop of links (RuntimeError on Python < 3.13, OSError after)
+        raise UsageError(f"{out} is a symlink that resolves to no path ({e})") from None
 
 
 def swap_dir(tmp: Path, out: Path) -> None:

@@ -350,3 +350,12 @@ def test_bench_runs_both_forms(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert "naive" in out and "synth-data" in out and "peak RSS" in out
     assert os.listdir(tmp_path) == []  # children's outputs are removed
     assert main(["bench", "datagen", "--scale", "0"]) == 2
+
+
+def test_out_a_symlink_loop_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "a").symlink_to("b")
+    (tmp_path / "b").symlink_to("a")
+    assert main(["synth-data", "--out", str(tmp_path / "a"), "--scale", "0.001", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("recpipe: error: ") and "symlink" in err and err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]

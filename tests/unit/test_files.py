@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from recpipe.errors import UsageError
-from recpipe.files import check_writable, swap_dir, write_atomic
+from recpipe.files import check_writable, link_target, swap_dir, write_atomic, write_files
 
 
 def _leftovers(d: Path, keep: str) -> list[str]:
@@ -125,3 +125,41 @@ def test_swap_dir_moves_nothing_once_termination_was_requested(tmp_path: Path) -
     assert tmp.is_dir() and not (tmp_path / "out").exists()
     swap_dir(tmp, tmp_path / "out")  # once reset, the commit goes through
     assert (tmp_path / "out").is_dir()
+
+
+def test_a_symlinked_file_target_is_followed_and_the_link_kept(tmp_path: Path) -> None:
+    # a dangling link is the user's entry: the file it names is created, the link is not replaced
+    (tmp_path / "latest.json").symlink_to("run-1.json")
+    write_atomic(tmp_path / "latest.json", "new\n", force=False)
+    assert (tmp_path / "latest.json").is_symlink()
+    assert (tmp_path / "run-1.json").read_text() == "new\n"
+    # a link to an existing file: refused without force (it exists), and with force the file it names
+    # is replaced, the link staying
+    with pytest.raises(UsageError, match="pass --force"):
+        check_writable(tmp_path / "latest.json", force=False)
+    write_atomic(tmp_path / "latest.json", "newer\n", force=True)
+    assert (tmp_path / "latest.json").is_symlink()
+    assert (tmp_path / "run-1.json").read_text() == "newer\n"
+    assert _leftovers(tmp_path, "latest.json") == ["run-1.json"]
+
+
+def test_write_files_follows_symlinks_and_keeps_them(tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "report.md").symlink_to(tmp_path / "kept.md")  # dangling
+    write_files({out / "report.md": "text\n", out / "a.png": b"png"}, force=False)
+    assert (out / "report.md").is_symlink() and (tmp_path / "kept.md").read_text() == "text\n"
+    assert sorted(p.name for p in out.iterdir()) == ["a.png", "report.md"]
+    with pytest.raises(UsageError, match="same file"):
+        write_files({out / "report.md": "x", tmp_path / "kept.md": "y"}, force=True)
+    assert (tmp_path / "kept.md").read_text() == "text\n"
+
+
+def test_a_symlink_loop_is_a_usage_error(tmp_path: Path) -> None:
+    (tmp_path / "a").symlink_to("b")
+    (tmp_path / "b").symlink_to("a")
+    with pytest.raises(UsageError, match="symlink"):
+        link_target(tmp_path / "a")
+    with pytest.raises(UsageError, match="symlink"):
+        write_atomic(tmp_path / "a", "x", force=True)
+    assert (tmp_path / "a").is_symlink() and (tmp_path / "b").is_symlink()
