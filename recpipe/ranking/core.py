@@ -51,12 +51,14 @@ class RankingCore:
 
     def __init__(self, repo: Repository, dev: torch.device, *, cuda_graphs: bool = True,
                  embeddings: str = "device", graphs: str | None = None, precision: str = "fp32",
-                 max_batch: int = 0) -> None:
+                 max_batch: int = 0, warn: bool = True) -> None:
         """``graphs`` overrides the mode ``cuda_graphs`` picks (``padded`` runs the CPU twin of graphs);
         ``precision`` is ``--ranking-precision`` (``recpipe.ranking.precision``; the library's default
         is fp32, the same scores every time); ``max_batch`` is the most requests a forward will carry
         (the stage's ``--max-batch``; 0 = its auto: 32 on a GPU, ``SEGMENT_USERS`` in the segmented CPU
-        form, else 1): the user buckets warmed."""
+        form, else 1): the user buckets warmed. ``warn``: log a warning when the precision asked for breaks
+        the bound (a stage serving it; ``recpipe bench ranking`` loads every precision on purpose and says it
+        in its table)."""
         RankingOptions(cuda_graphs, precision, embeddings)  # the options' own checks (UsageError)
         if embeddings == "host" and dev.type != "cuda":
             raise UsageError(f"--embeddings host needs a CUDA device, the ranking device is {dev}")
@@ -91,12 +93,13 @@ class RankingCore:
                 torch.cuda.empty_cache()  # the device copy of the tables is garbage now
         self.predictor.set_user_tables(n_user_tables)
         self.checks: dict[str, probes.FormCheck] = {}
-        self.precision = self._choose_precision(precision, repo, n_user_tables)
+        self.precision = self._choose_precision(precision, repo, n_user_tables, warn)
         auto_users = MAX_USERS if dev.type == "cuda" else SEGMENT_USERS if self.predictor.segmented else 1
         self.max_users = min(max_batch or auto_users, MAX_USERS)
         self.predictor.warm_buckets(self.max_users)
 
-    def _choose_precision(self, requested: str, repo: Repository, n_user_tables: int) -> precisions.Choice:
+    def _choose_precision(self, requested: str, repo: Repository, n_user_tables: int,
+                          warn: bool = True) -> precisions.Choice:
         """Resolve ``requested`` (``auto``: time each eligible form on a 1 x 500 request here), after
         checking each candidate form against fp32 on the probe rows, and make ``self.predictor`` run the
         chosen form."""
@@ -120,7 +123,7 @@ class RankingCore:
                   for form, p in {current.precision: current, **candidates}.items()} if requested == "auto" else {}
         choice = precisions.choose(requested, self.torch_device, by_form, timers, checks=self.checks)
         broken = self.checks.get(choice.form)
-        if broken is not None and not broken.ok:
+        if warn and broken is not None and not broken.ok:
             _log.warning("ranking: --ranking-precision %s %s", choice.form, broken.describe())
         if choice.form != current.precision:
             self.predictor = candidates.get(choice.form) or Predictor(current.model, self.torch_device, current.graphs,
@@ -131,9 +134,9 @@ class RankingCore:
 
     @classmethod
     def load(cls, models_dir: Path, device: str = "auto", *, cuda_graphs: bool = True, embeddings: str = "device",
-             graphs: str | None = None, precision: str = "fp32", max_batch: int = 0) -> RankingCore:
+             graphs: str | None = None, precision: str = "fp32", max_batch: int = 0, warn: bool = True) -> RankingCore:
         return cls(Repository.open(Path(models_dir)), devices.resolve(device), cuda_graphs=cuda_graphs,
-                   embeddings=embeddings, graphs=graphs, precision=precision, max_batch=max_batch)
+                   embeddings=embeddings, graphs=graphs, precision=precision, max_batch=max_batch, warn=warn)
 
     @property
     def details(self) -> dict[str, str]:
