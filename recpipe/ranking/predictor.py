@@ -13,7 +13,8 @@ padding at all by default.
 
 A compiled or captured forward never compiles on the request path. It serves a fixed set of shape
 buckets (``row_buckets`` x ``user_buckets``: candidates padded up to the next power of two from
-``MIN_ROWS_BUCKET`` to ``MAX_ROWS``, users to the next power of two up to the core's batch), and
+``MIN_ROWS_BUCKET`` to ``MAX_ROWS``, in the compiled CPU form every ``ROWS_STEP`` above it, users to
+the next power of two up to the core's batch), and
 ``warm_buckets`` runs every one of them before the stage reports SERVING: the compiled bf16 form
 (``torch.compile`` with dynamic shapes; on the CPU the segmented form of ``recpipe.ranking.segmented``,
 two compiled parts around one matmul per user, at least 2 users) and CUDA graphs (one capture per
@@ -55,13 +56,29 @@ MAX_ROWS = 4096
 MAX_USERS = 32
 
 
-def row_buckets() -> list[int]:
-    """The candidate counts a padded forward runs at: 64, 128, ..., ``MAX_ROWS``."""
+#: The compiled CPU form's buckets above this many candidates step by this many (512, 1024, 1536, ...),
+#: not by powers of two: its time grows with the padded rows, and a batch of 5 or 6 requests of 500
+#: candidates padded to 4096 took 3.3-3.9 ms against 2.4-2.7 unpadded (bf16, segmented, 2-core
+#: AVX512-BF16 EPYC; one compiled call per shape, so more buckets cost nothing at the request and
+#: 0.06 s more at load). CUDA graphs keep powers of two: a capture per bucket, and padded rows cost a
+#: GPU little.
+ROWS_STEP = 512
+
+
+def row_buckets(step: int = 0) -> list[int]:
+    """The candidate counts a padded forward runs at: 64, 128, ..., ``MAX_ROWS`` (powers of two), or with
+    ``step`` powers of two up to ``step`` and then every ``step`` (64, ..., 512, 1024, 1536, ...)."""
     out, n = [], bucket(MIN_ROWS_BUCKET)
     while n <= MAX_ROWS:
         out.append(n)
-        n *= 2
+        n = n + step if step and n >= step else n * 2
     return out
+
+
+def bucket_rows(rows: int, step: int = 0) -> int:
+    """The bucket of ``row_buckets(step)`` a forward of ``rows`` candidates runs at (the next one up)."""
+    padded = bucket(rows, MIN_ROWS_BUCKET)
+    return -(-rows // step) * step if step and padded > step else padded
 
 
 def user_buckets(max_users: int) -> list[int]:
@@ -110,6 +127,8 @@ class Predictor:
         #: the compiled CPU form of the dot interaction (``recpipe.ranking.segmented``; its parts run eagerly
         #: for shapes not warmed); None elsewhere
         self._segmented: SegmentedForward | None = None
+        #: ``row_buckets``' step: ``ROWS_STEP`` for a compiled CPU form, 0 (powers of two) elsewhere
+        self.row_step = 0
 
     @property
     def mode(self) -> str:
@@ -137,6 +156,7 @@ class Predictor:
 
     def _build(self, split: nn.Module, compiled: bool) -> None:
         mode = "padded" if compiled and self.graphs == "eager" else self.graphs
+        self.row_step = ROWS_STEP if compiled and self.device.type == "cpu" else 0
         split.gather_segments = mode != "eager" or self.device.type != "cpu"  # type: ignore[assignment]
         segmented = compiled and self.device.type == "cpu" and supports_segments(split)
         if hasattr(split, "gram_pairs"):  # the dot interaction's: the triangle where the CPU runs unpadded or
@@ -168,7 +188,7 @@ class Predictor:
             raise RuntimeError("warm_buckets needs set_user_tables() first")
         t0 = time.perf_counter()
         user_counts = [1] if self.per_user else sorted({self._bucketed(u, 1)[0] for u in user_buckets(max_users)})
-        shapes = [(u, r) for u in user_counts for r in row_buckets() if (u, r) not in self.warmed]
+        shapes = [(u, r) for u in user_counts for r in row_buckets(self.row_step) if (u, r) not in self.warmed]
         for users, rows in shapes:
             self.warm_up([rows - users + 1] + [1] * (users - 1))
         self.sealed = runner.padded
@@ -252,7 +272,7 @@ class Predictor:
         """The padded (users, rows) a forward of ``users`` and ``rows`` runs at. The segmented form runs
         at least 2 users: torch.compile specializes a size of 1, and the one-user graph's code rounded
         some users' wide part differently from the graph for several (the last bit of a score)."""
-        return bucket(users, 2 if self._segmented is not None else 1), bucket(rows, MIN_ROWS_BUCKET)
+        return bucket(users, 2 if self._segmented is not None else 1), bucket_rows(rows, self.row_step)
 
     @property
     def gram_pairs(self) -> bool:

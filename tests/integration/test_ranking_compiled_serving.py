@@ -20,7 +20,7 @@ import pytest
 
 from recpipe.features.core import FeatureCore
 from recpipe.ranking.core import CHUNK_ROWS, RankingCore
-from recpipe.ranking.predictor import MIN_ROWS_BUCKET
+from recpipe.ranking.predictor import ROWS_STEP, bucket_rows
 from recpipe.ranking.servicer import RankingStage
 from recpipe.serving import codec
 from recpipe.serving.server import ServerThread, StageServer
@@ -44,7 +44,7 @@ def _compiles() -> int:
 def _buckets(k: int) -> tuple[int, ...]:
     """The padded forwards a request of k candidates runs as: one per CHUNK_ROWS, each bucketed."""
     sizes = [CHUNK_ROWS] * (k // CHUNK_ROWS) + ([k % CHUNK_ROWS] if k % CHUNK_ROWS else [])
-    return tuple(max(MIN_ROWS_BUCKET, 1 << (n - 1).bit_length()) for n in sizes)
+    return tuple(bucket_rows(n, ROWS_STEP) for n in sizes)
 
 
 @pytest.fixture
@@ -80,7 +80,7 @@ def test_a_compiled_ranking_stage_never_compiles_after_serving(compiled_ranking,
             compute[_buckets(k)].append(reply.compute_us)
     assert _compiles() == compiled, "a request compiled a graph after the stage reported SERVING"
     assert core.predictor.unwarmed_forwards == 0
-    assert len(compute) >= 8  # the seven single-forward buckets and requests split over several forwards
+    assert len(compute) >= 8  # the single-forward buckets and requests split over several forwards
     for shape, times in compute.items():
         median = statistics.median(times)
         assert max(times) <= SLOWEST * max(median, FLOOR_US), (shape, sorted(times))

@@ -246,7 +246,7 @@ def test_a_compiled_form_serves_the_buckets_it_warmed_and_never_compiles_after(f
     """Whatever the CPU (bf16 is emulated where not native): every bucket of users and candidates is
     compiled before serving, any candidate count runs without a compile, and a batch of more users than
     warmed for runs in warmed pieces of the segmented form, never compiling and never eager."""
-    from recpipe.ranking.predictor import MAX_ROWS, row_buckets
+    from recpipe.ranking.predictor import MAX_ROWS, ROWS_STEP, row_buckets
 
     model = model_with("dot", wide=True)
     low = Predictor(model, torch.device("cpu"), precision=form)
@@ -258,8 +258,10 @@ def test_a_compiled_form_serves_the_buckets_it_warmed_and_never_compiles_after(f
     assert not eager.per_user and not eager.segmented
     low.warm_buckets(max_users=4)
     # users padded to at least 2: one graph for every batch size (see test_segmented_*)
-    assert low.sealed and low.warmed == {(u, r) for u in (2, 4) for r in row_buckets()}
-    assert row_buckets()[0] == 64 and row_buckets()[-1] == MAX_ROWS
+    assert low.sealed and low.warmed == {(u, r) for u in (2, 4) for r in row_buckets(ROWS_STEP)}
+    assert row_buckets(ROWS_STEP) == [64, 128, 256, 512, *range(1024, MAX_ROWS + 1, ROWS_STEP)]
+    # 5 x 500 candidates run at 2560 rows, not 4096 (CUDA graphs and the padded twin keep powers of two)
+    assert low._bucketed(5, 2500) == (8, 2560) and low._bucketed(1, 500) == (2, 512)
     compiled = _compiles()
     g = np.random.default_rng(5)
     for _ in range(12):
@@ -326,10 +328,22 @@ def test_eager_forms_run_each_size_once_and_padded_twins_warm_every_bucket() -> 
     assert fp32.warm_buckets(max_users=2) == 2 * len(row_buckets()) and not fp32.warmed and not fp32.sealed
     twin = Predictor(model_with("dot"), torch.device("cpu"), "padded")  # the CPU twin of CUDA graphs
     twin.set_user_tables(4)
+    assert twin.row_step == 0 and twin._bucketed(5, 2500) == (8, 4096)  # powers of two, as CUDA graphs
     assert twin.warm_buckets(max_users=3) == 3 * len(row_buckets())  # users 1, 2, 4
     counts = [5, 1, 12]
     args = requests(counts)
     np.testing.assert_allclose(twin.score_batch(*args, counts), fp32.score_batch(*args, counts), rtol=1e-5, atol=1e-6)
+
+
+def test_compiled_cpu_buckets_step_linearly_above_the_step() -> None:
+    from recpipe.ranking.predictor import MAX_ROWS, ROWS_STEP, bucket_rows, row_buckets
+
+    assert row_buckets() == [64, 128, 256, 512, 1024, 2048, 4096] == [bucket_rows(r) for r in (1, 65, 129, 257, 513, 1025, 2049)]
+    stepped = row_buckets(ROWS_STEP)
+    for rows in range(1, MAX_ROWS + 1):
+        b = bucket_rows(rows, ROWS_STEP)
+        assert b in stepped and b >= rows and not [s for s in stepped if rows <= s < b], rows
+    assert [bucket_rows(n * 500, ROWS_STEP) for n in (1, 3, 5, 6, 8)] == [512, 1536, 2560, 3072, 4096]
 
 
 def test_cpu_flags_are_read_from_cpuinfo(tmp_path, monkeypatch) -> None:
