@@ -8,6 +8,7 @@ placeholder README of a checkout's ``models/`` is kept, and what is written foll
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import platform
 import shutil
@@ -56,9 +57,11 @@ log = logging.getLogger(__name__)
 RECALL_K = 500
 
 
-def _prepare_out(out: Path, force: bool) -> None:
+def _prepare_out(out: Path, force: bool) -> list[Path]:
+    """Check ``out`` and create its parent; returns the directories created, deepest first."""
     check_replaceable(out, force)
     parent = out.parent if str(out.parent) else Path(".")
+    made = [p for p in (parent, *parent.parents) if not p.exists()]
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -66,7 +69,16 @@ def _prepare_out(out: Path, force: bool) -> None:
     try:
         check_creatable(parent)  # where the repository is built before its swap into place
     except UsageError as e:
+        _remove_empty(made)
         raise UsageError(f"--out {out}: {e}") from None
+    return made
+
+
+def _remove_empty(made: list[Path]) -> None:
+    """Remove the directories ``_prepare_out`` created (deepest first), those that nothing went into."""
+    for p in made:
+        with contextlib.suppress(OSError):
+            p.rmdir()
 
 
 def _swap_into_place(tmp: Path, out: Path) -> None:
@@ -105,7 +117,18 @@ def _train(
     fit_preprocessor: Callable[[pl.DataFrame, pl.DataFrame, PreprocessConfig], Preprocessor],
 ) -> dict[str, Any]:
     data_dir, out = Path(data_dir), link_target(out)
-    _prepare_out(out, force)
+    made = _prepare_out(out, force)
+    try:
+        return _train_into(data_dir, out, cfg, dev, say, fit_preprocessor)
+    except BaseException:  # a failed or interrupted run leaves no directory it made for --out behind
+        _remove_empty(made)
+        raise
+
+
+def _train_into(
+    data_dir: Path, out: Path, cfg: TrainConfig, dev: torch.device, say: Callable[[str], None],
+    fit_preprocessor: Callable[[pl.DataFrame, pl.DataFrame, PreprocessConfig], Preprocessor],
+) -> dict[str, Any]:
     t_start = time.perf_counter()
     timings: dict[str, float] = {}
 

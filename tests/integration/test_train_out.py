@@ -100,3 +100,13 @@ def test_force_through_a_symlink_replaces_the_directory_it_names_and_keeps_the_l
     assert link.is_symlink() and link.resolve() == real.resolve()
     assert Repository.open(real).version != old_version
     assert sorted(os.listdir(tmp_path)) == ["disk", "models"] and os.listdir(real.parent) == ["models"]
+
+
+def test_a_failed_run_leaves_no_directory_it_made_for_out(tmp_path, small_dataset, capsys):
+    data = tmp_path / "data"
+    shutil.copytree(small_dataset, data)
+    (data / "users.parquet").write_bytes(b"not the users table")  # found only once training has started
+    (tmp_path / "kept").mkdir()
+    assert train(data, tmp_path / "kept" / "new" / "deeper" / "models") == 2
+    assert "users.parquet" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["data", "kept"] and not os.listdir(tmp_path / "kept")
