@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import importlib
 import logging
+import os
 import signal
 import sys
 import threading
@@ -119,5 +120,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def main_entry() -> None:
-    """Console-script entry point."""
-    sys.exit(main())
+    """Console-script entry point. Once ``main`` has returned, its work is done (its files written): a
+    Ctrl-C while the interpreter shuts down (joining threads, helper processes, gRPC's) ends the process
+    at once with ``main``'s exit code, not with a traceback or killed by SIGINT with nothing said."""
+    code = main()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe: as before, nothing more to say
+            stream.flush()
+    signal.signal(signal.SIGINT, lambda *_: os._exit(code))
+    sys.exit(code)

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from cli_support import one_line_exit_2
@@ -137,3 +139,19 @@ def test_serve_refuses_a_busy_port_before_any_stage_starts(tmp_path, capsys) -> 
         free.close()
         assert main([*base, "--port", str(other), "--metrics-port", str(port)]) == 2  # the gateway's metrics
         assert f"127.0.0.1:{port} (gateway) is in use" in capsys.readouterr().err
+
+
+def test_a_ctrl_c_once_the_work_is_done_exits_with_its_code_at_once(tmp_path) -> None:
+    """Ctrl-C while the interpreter shuts down (here: joining a thread still running) ends the process at
+    once with main's exit code and nothing on stderr, not a traceback or a death by SIGINT."""
+    script = tmp_path / "shutdown.py"
+    script.write_text(
+        "import threading, time\nimport recpipe.cli as cli\n"
+        "threading.Thread(target=time.sleep, args=(30,)).start()\n"
+        "cli.main = lambda argv=None: 3\nprint('done', flush=True)\ncli.main_entry()\n")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "done\n"
+    time.sleep(0.5)  # main_entry has returned from main and the interpreter waits for the thread
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=10)
+    assert (proc.returncode, err) == (3, "")
