@@ -60,7 +60,7 @@ MAX_USERS = 32
 #: not by powers of two: its time grows with the padded rows, and a batch of 5 or 6 requests of 500
 #: candidates padded to 4096 took 3.3-3.9 ms against 2.4-2.7 unpadded (bf16, segmented, 2-core
 #: AVX512-BF16 EPYC; one compiled call per shape, so more buckets cost nothing at the request and
-#: 0.06 s more at load). CUDA graphs keep powers of two: a capture per bucket, and padded rows cost a
+#: 0.05 s more at load). CUDA graphs keep powers of two: a capture per bucket, and padded rows cost a
 #: GPU little.
 ROWS_STEP = 512
 
