@@ -28,7 +28,7 @@ one copy (building them costs a few seconds; tests that do not ask pay nothing).
 ``bf16_ranking`` -> ``recpipe.ranking.core.RankingCore``
     ``RankingCore.load(small_models, device="cpu", precision="bf16")`` with bf16 taken as native whatever
     this CPU has (emulated where it is not: slower, the same shapes and the same compiler), so every
-    machine kind runs the compiled path. Compiling and warming its 21 shapes costs 10-15 s, so it loads
+    machine kind runs the compiled path. Compiling and warming its 33 shapes costs 10-15 s, so it loads
     once; its users only rank with it.
 """
 

@@ -54,7 +54,8 @@ def test_precisions_load_serve_and_say_what_runs(small_models: Path, small_datas
     bf16 = bf16_ranking  # RankingCore.load(small_models, device="cpu", precision="bf16"), bf16 forced (conftest)
     assert bf16.details["precision"] == "bf16 (torch.compile)" and bf16.checks["bf16"].ok
     # the segmented form (recpipe.ranking.segmented): batches of 2-8 requests x every candidate bucket
-    assert bf16.details["warmed"].startswith("21 shapes (2-8 users x 64-4096 candidates)")
+    # (users 2, 4, 8 x candidates 64-512 in powers of two, then every 512: 3 x 11 shapes)
+    assert bf16.details["warmed"].startswith("33 shapes (2-8 users x 64-4096 candidates)")
     assert bf16.details["batch_forward"].startswith("segmented, up to 8 requests")
     assert fp32.details["batch_forward"] == "up to 32 requests per forward"
     np.testing.assert_allclose(bf16.rank(user, items), ref, atol=probe.MAX_ABS_DP)
