@@ -3,7 +3,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from cli_support import one_line_exit_2
@@ -147,11 +146,15 @@ def test_a_ctrl_c_once_the_work_is_done_exits_with_its_code_at_once(tmp_path) ->
     script = tmp_path / "shutdown.py"
     script.write_text(
         "import threading, time\nimport recpipe.cli as cli\n"
-        "threading.Thread(target=time.sleep, args=(30,)).start()\n"
-        "cli.main = lambda argv=None: 3\nprint('done', flush=True)\ncli.main_entry()\n")
+        "def linger():\n"
+        "    while threading.main_thread().is_alive():  # until the interpreter's shutdown joins this thread\n"
+        "        time.sleep(0.01)\n"
+        "    print('shutting down', flush=True)\n"
+        "    time.sleep(30)\n"
+        "threading.Thread(target=linger).start()\n"
+        "cli.main = lambda argv=None: 3\ncli.main_entry()\n")
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdout is not None and proc.stdout.readline() == "done\n"
-    time.sleep(0.5)  # main_entry has returned from main and the interpreter waits for the thread
+    assert proc.stdout is not None and proc.stdout.readline() == "shutting down\n"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=10)
     assert (proc.returncode, err) == (3, "")
