@@ -65,6 +65,7 @@ def _prepare_out(out: Path, force: bool) -> list[Path]:
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
+        _remove_empty(made)  # those it made before the one it could not
         raise UsageError(f"--out {out}: cannot create {parent}: {e.strerror or e}") from None
     try:
         check_creatable(parent)  # where the repository is built before its swap into place

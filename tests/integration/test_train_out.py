@@ -110,3 +110,9 @@ def test_a_failed_run_leaves_no_directory_it_made_for_out(tmp_path, small_datase
     assert train(data, tmp_path / "kept" / "new" / "deeper" / "models") == 2
     assert "users.parquet" in capsys.readouterr().err
     assert sorted(os.listdir(tmp_path)) == ["data", "kept"] and not os.listdir(tmp_path / "kept")
+
+
+def test_a_parent_that_cannot_be_made_leaves_none_of_the_ones_made_before_it(tmp_path, small_dataset, capsys):
+    out = tmp_path / "new" / ("x" * 300) / "models"  # "new" is made, then the long name fails
+    assert train(small_dataset, out) == 2
+    assert "cannot create" in capsys.readouterr().err and not os.listdir(tmp_path)
