@@ -14,7 +14,7 @@ import os
 import secrets
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from recpipe import termination
@@ -137,15 +137,23 @@ def output_dir(path: str | Path, flag: str) -> Iterator[Path]:
     try:
         d.mkdir(parents=True, exist_ok=True)
     except OSError as e:
+        remove_empty(created)  # those made before the one that could not be
         raise UsageError(f"{flag} {d}: cannot create the directory: {e.strerror or e}") from None
     try:
         check_creatable(d)
         yield d
     except BaseException:
-        for p in created:
-            with contextlib.suppress(OSError):
-                p.rmdir()
+        remove_empty(created)
         raise
+
+
+def remove_empty(directories: Sequence[Path]) -> None:
+    """Remove each of ``directories`` (deepest first) that is empty: those a command made and then put
+    nothing into; anything else (not empty, gone, not ours to remove) is left as it is."""
+    for p in directories:
+        with contextlib.suppress(OSError):
+            p.rmdir()
+
 
 
 def _fsync_path(path: Path) -> None:

@@ -8,7 +8,6 @@ placeholder README of a checkout's ``models/`` is kept, and what is written foll
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import platform
 import shutil
@@ -32,7 +31,7 @@ from recpipe.features import artifacts as feature_artifacts
 from recpipe.features.artifacts import FeatureConfig
 from recpipe.features.core import FeatureCore, read_tables
 from recpipe.filemodes import follow_umask
-from recpipe.files import check_creatable, link_target, swap_dir
+from recpipe.files import check_creatable, link_target, remove_empty, swap_dir
 from recpipe.preprocess import PreprocessConfig, Preprocessor
 from recpipe.ranking import artifacts as ranking_artifacts
 from recpipe.ranking import probe as ranking_probes
@@ -65,21 +64,14 @@ def _prepare_out(out: Path, force: bool) -> list[Path]:
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        _remove_empty(made)  # those it made before the one it could not
+        remove_empty(made)  # those it made before the one it could not
         raise UsageError(f"--out {out}: cannot create {parent}: {e.strerror or e}") from None
     try:
         check_creatable(parent)  # where the repository is built before its swap into place
     except UsageError as e:
-        _remove_empty(made)
+        remove_empty(made)
         raise UsageError(f"--out {out}: {e}") from None
     return made
-
-
-def _remove_empty(made: list[Path]) -> None:
-    """Remove the directories ``_prepare_out`` created (deepest first), those that nothing went into."""
-    for p in made:
-        with contextlib.suppress(OSError):
-            p.rmdir()
 
 
 def _swap_into_place(tmp: Path, out: Path) -> None:
@@ -122,7 +114,7 @@ def _train(
     try:
         return _train_into(data_dir, out, cfg, dev, say, fit_preprocessor)
     except BaseException:  # a failed or interrupted run leaves no directory it made for --out behind
-        _remove_empty(made)
+        remove_empty(made)
         raise
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from recpipe.errors import UsageError
-from recpipe.files import check_writable, link_target, swap_dir, write_atomic, write_files
+from recpipe.files import check_writable, link_target, output_dir, swap_dir, write_atomic, write_files
 
 
 def _leftovers(d: Path, keep: str) -> list[str]:
@@ -163,3 +163,18 @@ def test_a_symlink_loop_is_a_usage_error(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="symlink"):
         write_atomic(tmp_path / "a", "x", force=True)
     assert (tmp_path / "a").is_symlink() and (tmp_path / "b").is_symlink()
+
+
+def test_output_dir_removes_the_directories_it_made_when_the_work_or_the_making_fails(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError), output_dir(tmp_path / "a" / "b", "--out") as out:
+        assert out.is_dir()
+        raise RuntimeError("the work failed")
+    with pytest.raises(UsageError, match="cannot create the directory"), \
+            output_dir(tmp_path / "new" / ("x" * 300), "--out"):  # "new" is made, then the long name fails
+        pass
+    assert not os.listdir(tmp_path)
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(RuntimeError), output_dir(tmp_path / "kept" / "c", "--out") as out:
+        (out / "mine.txt").write_text("written before the failure")
+        raise RuntimeError("the work failed")
+    assert os.listdir(tmp_path / "kept" / "c") == ["mine.txt"]  # not empty: left as it is
