@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from recpipe import schema
 from recpipe.errors import UsageError
 from recpipe.filemodes import dir_mode
-from recpipe.files import check_creatable, link_target, swap_dir
+from recpipe.files import check_creatable, link_target, remove_empty, swap_dir
 
 MANIFEST_NAME = "manifest.json"
 DATASET_FILES: tuple[str, ...] = (*schema.TABLE_FILES.values(), MANIFEST_NAME)
@@ -130,6 +130,8 @@ class DatasetDir:
         self.out = link_target(out)
         self.force = force
         self.tmp: Path | None = None
+        #: the parents of ``out`` that ``__enter__`` made (deepest first): removed again if left empty on failure
+        self.made: list[Path] = []
         self._check()
 
     def _check(self) -> None:
@@ -159,10 +161,12 @@ class DatasetDir:
 
     def __enter__(self) -> Path:
         parent = self.out.absolute().parent
+        self.made = [p for p in (parent, *parent.parents) if not p.exists()]
         try:
             parent.mkdir(parents=True, exist_ok=True)
             self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.tmp-", dir=parent))
         except OSError as e:
+            remove_empty(self.made)
             raise UsageError(f"cannot write {self.out}: {e.strerror or e}") from None
         return self.tmp
 
@@ -172,11 +176,13 @@ class DatasetDir:
             return
         if exc_type is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
+            remove_empty(self.made)
             return
         try:
             self._commit(self.tmp)
         except BaseException:
             shutil.rmtree(self.tmp, ignore_errors=True)
+            remove_empty(self.made)
             raise
 
     def _commit(self, tmp: Path) -> None:

@@ -310,6 +310,9 @@ def test_failed_run_leaves_old_dataset_and_no_temporaries(tmp_path: Path, monkey
     fresh = tmp_path / "fresh"
     assert main(["synth-data", "--out", str(fresh), "--scale", "0.001", "--quiet"]) == 130
     assert sorted(os.listdir(tmp_path)) == ["d"]
+    # nor the missing parents it made for --out
+    assert main(["synth-data", "--out", str(tmp_path / "new" / "deeper" / "data"), "--scale", "0.001", "--quiet"]) == 130
+    assert sorted(os.listdir(tmp_path)) == ["d"]
 
 
 # --- manifest helpers --------------------------------------------------------------------------
