@@ -8,6 +8,7 @@ stage instead of being cancelled by gRPC."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import grpc
 import numpy as np
@@ -87,6 +88,17 @@ def test_a_batch_message_over_the_rows_limit_is_refused_before_any_work(features
     assert _serving(health)
 
 
+def _before_each_call(core: object, method: str, hook: Callable[[], object]) -> None:
+    """Make ``core.<method>`` run ``hook()`` before each call, then the method itself."""
+    original = getattr(core, method)
+
+    def wrapped(*args: object) -> object:
+        hook()
+        return original(*args)
+
+    setattr(core, method, wrapped)
+
+
 def _rank_request(k: int = 4) -> ranking_pb2.RankRequest:
     return ranking_pb2.RankRequest(
         user_dense=codec.encode(np.ones(8, np.float32)), user_sparse=codec.encode(np.zeros(USER_SPARSE, np.int64)),
@@ -97,13 +109,7 @@ def test_an_entry_whose_deadline_passes_while_its_batch_computes_is_answered_dea
     core = ToyRankingCore(world)
     core.delay_s = 0.4  # the batch's one core call
     started = threading.Event()
-    rank_batch = core.rank_batch
-
-    def signalling(queries):  # type: ignore[no-untyped-def]
-        started.set()
-        return rank_batch(queries)
-
-    core.rank_batch = signalling  # type: ignore[method-assign]
+    _before_each_call(core, "rank_batch", started.set)
     server = servers.start(RankingStage(lambda: core))
     try:
         with grpc.insecure_channel(server.address) as channel:
@@ -196,14 +202,8 @@ def test_a_stream_whose_caller_does_not_read_its_answers_is_held_back_not_buffer
     caplog.set_level(logging.WARNING)
 
     core = ToyFeatureCore(world)
-    computed = [0]
-    user_features = core.user_features
-
-    def counting(query):  # type: ignore[no-untyped-def]
-        computed[0] += 1
-        return user_features(query)
-
-    core.user_features = counting  # type: ignore[method-assign]
+    computed: list[None] = []
+    _before_each_call(core, "user_features", lambda: computed.append(None))
     server = servers.start(FeatureStage(lambda: core))
     try:
         with grpc.insecure_channel(server.address) as channel:
@@ -217,9 +217,9 @@ def test_a_stream_whose_caller_does_not_read_its_answers_is_held_back_not_buffer
 
             call = stub.AugmentUserStream(messages(), timeout=60)  # never read
             time.sleep(2.5)
-            held = computed[0]
+            held = len(computed)
             time.sleep(0.5)
-            still = computed[0]
+            still = len(computed)
             call.cancel()
             # held back: no more computed once the windows are full (HTTP/2's hold a few MB of answers
             # besides the messages being answered), far from all of them
