@@ -133,7 +133,7 @@ def output_dir(path: str | Path, flag: str) -> Iterator[Path]:
     d = Path(path)
     if d.exists() and not d.is_dir():
         raise UsageError(f"{flag} {d} is not a directory")
-    created = [p for p in (d, *d.parents) if not p.exists()]  # deepest first
+    created = missing_dirs(d)
     try:
         d.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -147,13 +147,18 @@ def output_dir(path: str | Path, flag: str) -> Iterator[Path]:
         raise
 
 
+def missing_dirs(path: Path) -> list[Path]:
+    """``path`` and its parents that do not exist yet, deepest first: what ``mkdir -p`` of it will make,
+    and what ``remove_empty`` takes away again when the work fails."""
+    return [p for p in (path, *path.parents) if not p.exists()]
+
+
 def remove_empty(directories: Sequence[Path]) -> None:
     """Remove each of ``directories`` (deepest first) that is empty: those a command made and then put
     nothing into; anything else (not empty, gone, not ours to remove) is left as it is."""
     for p in directories:
         with contextlib.suppress(OSError):
             p.rmdir()
-
 
 
 def _fsync_path(path: Path) -> None:

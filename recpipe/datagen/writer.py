@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from recpipe import schema
 from recpipe.errors import UsageError
 from recpipe.filemodes import dir_mode
-from recpipe.files import check_creatable, link_target, remove_empty, swap_dir
+from recpipe.files import check_creatable, link_target, missing_dirs, remove_empty, swap_dir
 
 MANIFEST_NAME = "manifest.json"
 DATASET_FILES: tuple[str, ...] = (*schema.TABLE_FILES.values(), MANIFEST_NAME)
@@ -161,7 +161,7 @@ class DatasetDir:
 
     def __enter__(self) -> Path:
         parent = self.out.absolute().parent
-        self.made = [p for p in (parent, *parent.parents) if not p.exists()]
+        self.made = missing_dirs(parent)
         try:
             parent.mkdir(parents=True, exist_ok=True)
             self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.tmp-", dir=parent))

@@ -31,7 +31,7 @@ from recpipe.features import artifacts as feature_artifacts
 from recpipe.features.artifacts import FeatureConfig
 from recpipe.features.core import FeatureCore, read_tables
 from recpipe.filemodes import follow_umask
-from recpipe.files import check_creatable, link_target, remove_empty, swap_dir
+from recpipe.files import check_creatable, link_target, missing_dirs, remove_empty, swap_dir
 from recpipe.preprocess import PreprocessConfig, Preprocessor
 from recpipe.ranking import artifacts as ranking_artifacts
 from recpipe.ranking import probe as ranking_probes
@@ -60,7 +60,7 @@ def _prepare_out(out: Path, force: bool) -> list[Path]:
     """Check ``out`` and create its parent; returns the directories created, deepest first."""
     check_replaceable(out, force)
     parent = out.parent if str(out.parent) else Path(".")
-    made = [p for p in (parent, *parent.parents) if not p.exists()]
+    made = missing_dirs(parent)
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
